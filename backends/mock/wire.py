@@ -1,0 +1,126 @@
+"""OpenAI wire format: response bodies and SSE events for a `CompletionRequest`.
+
+Pure: builds bytes, does no I/O. One output word is one token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from backends.mock.parse import CompletionRequest
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def completion_text(req: CompletionRequest) -> str:
+    return "".join(req.token(index) for index in range(req.max_tokens))
+
+
+def usage(req: CompletionRequest) -> dict[str, Any]:
+    return {
+        "prompt_tokens": req.num_prompt_tokens,
+        "completion_tokens": req.max_tokens,
+        "total_tokens": req.num_prompt_tokens + req.max_tokens,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+
+
+def response_body(req: CompletionRequest, completion_id: str, created_s: int) -> bytes:
+    """The whole non-streaming response, JSON-encoded."""
+    text = completion_text(req)
+    choice: dict[str, Any]
+    if req.is_chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}}
+    else:
+        choice = {"index": 0, "text": text}
+    choice["logprobs"] = None
+    choice["finish_reason"] = req.finish_reason
+    return orjson.dumps(
+        {
+            "id": completion_id,
+            "object": "chat.completion" if req.is_chat else "text_completion",
+            "created": created_s,
+            "model": req.model,
+            "choices": [choice],
+            "usage": usage(req),
+        }
+    )
+
+
+def stream_plan(
+    req: CompletionRequest, completion_id: str, created_s: int
+) -> Iterator[tuple[float, bytes]]:
+    """``(delay_s, event)`` pairs of a streamed response, ``[DONE]`` excluded.
+
+    The first-token delay comes before the first event that carries output (the
+    role chunk for chat, as vLLM sends it once the first token exists); the token
+    delay comes between tokens.
+    """
+    events = StreamEvents(req, completion_id, created_s)
+    first_token_delay_s = req.controls.first_token_delay_ms / 1000
+    token_delay_s = req.controls.token_delay_ms / 1000
+    if req.is_chat:
+        yield first_token_delay_s, events.role()
+        first_token_delay_s = 0
+    for index in range(req.max_tokens):
+        yield (token_delay_s if index else first_token_delay_s), events.content(index)
+    yield 0, events.finish()
+    for event in events.usage_tail():
+        yield 0, event
+
+
+class StreamEvents:
+    """Builds the ``data: ...`` events of one streamed response, in order.
+
+    Example::
+
+        events = StreamEvents(req, "chatcmpl-1", 1700000000)
+        head = [events.role()] if req.is_chat else []
+        chunks = [events.content(i) for i in range(req.max_tokens)]
+        tail = [events.finish(), *events.usage_tail(), DONE_EVENT]
+    """
+
+    def __init__(self, req: CompletionRequest, completion_id: str, created_s: int) -> None:
+        self._req = req
+        self._head: dict[str, Any] = {
+            "id": completion_id,
+            "object": "chat.completion.chunk" if req.is_chat else "text_completion",
+            "created": created_s,
+            "model": req.model,
+        }
+
+    def role(self) -> bytes:
+        return self._event({"role": "assistant", "content": ""}, None)
+
+    def content(self, index: int) -> bytes:
+        token = self._req.token(index)
+        return self._event({"content": token} if self._req.is_chat else token, None)
+
+    def finish(self) -> bytes:
+        return self._event({} if self._req.is_chat else "", self._req.finish_reason)
+
+    def usage_tail(self) -> list[bytes]:
+        """The usage-only final chunk, when the client asked for it."""
+        if not self._req.is_usage_streamed:
+            return []
+        return [_frame({**self._head, "choices": [], "usage": usage(self._req)})]
+
+    def _event(self, delta_or_text: dict[str, str] | str, finish_reason: str | None) -> bytes:
+        choice: dict[str, Any] = {"index": 0}
+        if self._req.is_chat:
+            choice["delta"] = delta_or_text
+        else:
+            choice["text"] = delta_or_text
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish_reason
+        chunk = {**self._head, "choices": [choice]}
+        if self._req.is_usage_streamed:
+            chunk["usage"] = None
+        return _frame(chunk)
+
+
+def _frame(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"

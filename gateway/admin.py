@@ -1,0 +1,212 @@
+"""The admin API under /admin: tenants and keys. Only the admin token opens it.
+
+    POST   /admin/tenants              create        GET /admin/tenants            list
+    GET    /admin/tenants/{id}         get           PATCH /admin/tenants/{id}     update
+    DELETE /admin/tenants/{id}         disable
+    POST   /admin/keys                 create (the plaintext key is in this response only)
+    GET    /admin/keys?tenant_id=T     list          GET /admin/keys/{id}          get
+    DELETE /admin/keys/{id}            revoke
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gateway.context import GATEWAY, Gateway
+from gateway.errors import APIError
+from gateway.keystore import ALL_MODELS, TENANT_ID_RE, Limits
+
+routes = web.RouteTableDef()
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LimitsBody(_Body):
+    requests_per_minute: int | None = Field(None, ge=1)
+    tokens_per_minute: int | None = Field(None, ge=1)
+    max_concurrent: int | None = Field(None, ge=1)
+
+
+class TenantCreate(_Body):
+    id: str | None = Field(None, pattern=TENANT_ID_RE.pattern)
+    name: str = Field(min_length=1, max_length=200)
+    tier: str | None = None
+    models: list[str] = Field(default_factory=lambda: [ALL_MODELS])
+    limits: LimitsBody | None = None
+    enabled: bool = True
+
+
+class TenantUpdate(_Body):
+    name: str | None = Field(None, min_length=1, max_length=200)
+    tier: str | None = None
+    models: list[str] | None = None
+    limits: LimitsBody | None = None
+    enabled: bool | None = None
+
+
+class KeyCreate(_Body):
+    tenant_id: str
+    name: str = Field("", max_length=200)
+    expires_at: float | None = Field(None, description="unix time")
+    expires_in_s: float | None = Field(None, gt=0)
+    tier: str | None = None
+
+
+def _admin(request: web.Request) -> Gateway:
+    gw = request.config_dict[GATEWAY]
+    token = gw.settings.admin_token
+    if token is None:
+        raise APIError.forbidden(
+            "The admin API is disabled: set admin_token in the configuration or "
+            "SWITCHYARD_ADMIN_TOKEN.", code="admin_disabled",
+        )
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    if presented.startswith("sy-"):
+        raise APIError.forbidden("Tenant API keys cannot call the admin API.", code="not_admin")
+    expected = token.get_secret_value().encode()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.encode(), expected):
+        raise APIError.unauthorized("Invalid admin token.", code="invalid_admin_token")
+    return gw
+
+
+async def _body(request: web.Request, model: type[_Body]) -> Any:
+    try:
+        return model.model_validate_json(await request.read())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or None
+        prefix = f"Invalid '{where}': " if where else "Invalid body: "
+        raise APIError.bad_request(prefix + first["msg"], param=where) from None
+
+
+def _check_tier(gw: Gateway, tier: str | None) -> None:
+    if tier is not None and tier not in gw.settings.tier_names:
+        raise APIError.bad_request(
+            f"Unknown tier {tier!r}; configured tiers: {', '.join(gw.settings.tier_names)}.",
+            param="tier",
+        )
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+@routes.post("/admin/tenants")
+async def create_tenant(request: web.Request) -> web.Response:
+    gw = _admin(request)
+    body: TenantCreate = await _body(request, TenantCreate)
+    _check_tier(gw, body.tier)
+    limits = Limits(**body.limits.model_dump()) if body.limits else Limits(
+        **gw.settings.default_limits.model_dump()
+    )
+    try:
+        tenant = await gw.store.create_tenant(
+            name=body.name, tier=body.tier or gw.settings.default_tier, models=body.models,
+            limits=limits, tenant_id=body.id, enabled=body.enabled,
+        )
+    except KeyError:
+        raise APIError(409, f"Tenant {body.id!r} already exists.", code="conflict") from None
+    return _json(tenant.to_json(), 201)
+
+
+@routes.get("/admin/tenants")
+async def list_tenants(request: web.Request) -> web.Response:
+    gw = _admin(request)
+    tenants = await gw.store.list_tenants()
+    return _json({"object": "list", "data": [t.to_json() for t in tenants]})
+
+
+async def _tenant_or_404(gw: Gateway, tenant_id: str) -> Any:
+    tenant = await gw.store.get_tenant(tenant_id)
+    if tenant is None:
+        raise APIError.not_found(f"No tenant {tenant_id!r}.", param="tenant_id")
+    return tenant
+
+
+@routes.get("/admin/tenants/{tenant_id}")
+async def get_tenant(request: web.Request) -> web.Response:
+    gw = _admin(request)
+    tenant = await _tenant_or_404(gw, request.match_info["tenant_id"])
+    return _json(tenant.to_json())
+
+
+@routes.patch("/admin/tenants/{tenant_id}")
+async def update_tenant(request: web.Request) -> web.Response:
+    gw = _admin(request)
+    tenant_id = request.match_info["tenant_id"]
+    body: TenantUpdate = await _body(request, TenantUpdate)
+    _check_tier(gw, body.tier)
+    changes = body.model_dump(exclude_unset=True, exclude={"limits"})
+    if body.limits is not None:
+        changes["limits"] = Limits(**body.limits.model_dump())
+    tenant = await gw.store.update_tenant(tenant_id, **changes)
+    if tenant is None:
+        raise APIError.not_found(f"No tenant {tenant_id!r}.", param="tenant_id")
+    return _json(tenant.to_json())
+
+
+@routes.delete("/admin/tenants/{tenant_id}")
+async def disable_tenant(request: web.Request) -> web.Response:
+    gw = _admin(request)
+    tenant_id = request.match_info["tenant_id"]
+    tenant = await gw.store.update_tenant(tenant_id, enabled=False)
+    if tenant is None:
+        raise APIError.not_found(f"No tenant {tenant_id!r}.", param="tenant_id")
+    return _json(tenant.to_json())
+
+
+@routes.post("/admin/keys")
+async def create_key(request: web.Request) -> web.Response:
+    gw = _admin(request)
+    body: KeyCreate = await _body(request, KeyCreate)
+    tenant = await _tenant_or_404(gw, body.tenant_id)
+    _check_tier(gw, body.tier)
+    if body.tier is not None:
+        priority = {t.name: t.priority for t in gw.settings.tiers}
+        if priority[body.tier] < priority.get(tenant.tier, 0):
+            raise APIError.bad_request(
+                f"A key may narrow its tenant's tier ({tenant.tier!r}) but not raise it to "
+                f"{body.tier!r}.", param="tier",
+            )
+    expires_at = body.expires_at
+    if body.expires_in_s is not None:
+        expires_at = time.time() + body.expires_in_s
+    record, plaintext = await gw.store.create_key(
+        tenant.id, name=body.name, expires_at=expires_at, tier=body.tier
+    )
+    return _json({**record.to_json(), "key": plaintext}, 201)
+
+
+@routes.get("/admin/keys")
+async def list_keys(request: web.Request) -> web.Response:
+    gw = _admin(request)
+    tenant_id = request.query.get("tenant_id")
+    tenant_ids = [tenant_id] if tenant_id else [t.id for t in await gw.store.list_tenants()]
+    keys = [k.to_json() for tid in tenant_ids for k in await gw.store.list_keys(tid)]
+    return _json({"object": "list", "data": keys})
+
+
+@routes.get("/admin/keys/{key_id}")
+async def get_key(request: web.Request) -> web.Response:
+    gw = _admin(request)
+    key = await gw.store.get_key(request.match_info["key_id"])
+    if key is None:
+        raise APIError.not_found(f"No key {request.match_info['key_id']!r}.", param="key_id")
+    return _json(key.to_json())
+
+
+@routes.delete("/admin/keys/{key_id}")
+async def revoke_key(request: web.Request) -> web.Response:
+    gw = _admin(request)
+    key = await gw.store.revoke_key(request.match_info["key_id"])
+    if key is None:
+        raise APIError.not_found(f"No key {request.match_info['key_id']!r}.", param="key_id")
+    return _json(key.to_json())

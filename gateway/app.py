@@ -1,0 +1,145 @@
+"""The app factory: ``create_app(settings)`` wires the subsystems, each through one cleanup_ctx.
+
+Example::
+
+    app = create_app(load_settings("switchyard.yaml"))
+    web.run_app(app)  # or gateway.server.serve(settings), which adds graceful draining
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from backends.health import HealthChecker
+from backends.registry import Backend, BackendRegistry
+from backends.upstream import UpstreamClient
+from gateway import admin, handlers, proxy
+from gateway.auth import Authenticator
+from gateway.context import GATEWAY, REQUEST_ID, Gateway
+from gateway.errors import APIError, from_http_exception
+from gateway.keystore import KeyStore
+from gateway.metrics import GatewayMetrics
+from gateway.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def new_request_id() -> str:
+    return "req-" + os.urandom(12).hex()
+
+
+@web.middleware
+async def front_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Request id in and out, and every error as an OpenAI-format JSON body."""
+    presented = request.headers.get("x-request-id")
+    request_id = presented or new_request_id()
+    try:
+        if presented is not None and not _REQUEST_ID_RE.match(presented):
+            request_id = new_request_id()
+            raise APIError.bad_request(
+                "Invalid 'x-request-id' header: use 1-128 characters of letters, digits and "
+                "._:@/+=-", param="x-request-id", code="invalid_header",
+            )
+        request[REQUEST_ID] = request_id
+        response = await handler(request)
+    except APIError as exc:
+        response = exc.to_response()
+    except web.HTTPException as exc:
+        max_body = request.config_dict[GATEWAY].settings.max_body_bytes
+        response = from_http_exception(exc, request.path, max_body).to_response()
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled error serving %s %s", request.method, request.path)
+        response = APIError(
+            500, "Internal gateway error; the request id identifies it in the gateway's log.",
+            type="server_error", code="internal_error",
+        ).to_response()
+    if not response.prepared:
+        response.headers["x-request-id"] = request_id
+    return response
+
+
+def create_app(settings: Settings) -> web.Application:
+    app = web.Application(
+        middlewares=[front_middleware],
+        client_max_size=settings.max_body_bytes,
+        handler_args={"max_field_size": 16_384, "max_line_size": 16_384},
+    )
+    setup_gateway(app, settings)
+    setup_routes(app)
+    return app
+
+
+def setup_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", proxy.chat_completions)
+    app.router.add_post("/v1/completions", proxy.completions)
+    app.router.add_get("/v1/models", handlers.list_models)
+    app.router.add_get("/v1/models/{model}", handlers.get_model)
+    app.router.add_get("/healthz", handlers.healthz)
+    app.router.add_get("/readyz", handlers.readyz)
+    app.router.add_get("/metrics", handlers.metrics)
+    app.router.add_routes(admin.routes)
+
+
+def setup_gateway(app: web.Application, settings: Settings) -> None:
+    """Redis, key store and auth cache, upstream pool and health checks: up before serving."""
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        backends = [
+            Backend(
+                name=b.name, url=b.url, models=frozenset(b.models), weight=b.weight,
+                health_path=b.health_path,
+                api_key=b.api_key.get_secret_value() if b.api_key else None,
+            )
+            for b in settings.backends
+        ]
+        registry = BackendRegistry(backends)
+        redis = aioredis.Redis.from_url(
+            settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0,
+            health_check_interval=10,
+        )
+        secret = settings.key_secret.get_secret_value().encode() if settings.key_secret else None
+        if secret is None:
+            log.warning("no key_secret configured: API keys are hashed with plain SHA-256")
+        store = KeyStore(redis, secret)
+        auth = Authenticator(store, redis, ttl_s=settings.key_cache_ttl_s)
+        upstream = UpstreamClient(settings.upstream)
+        await upstream.start()
+        metrics = GatewayMetrics(registry.models(), [b.name for b in backends])
+        app[GATEWAY] = Gateway(
+            settings=settings, registry=registry, metrics=metrics, redis=redis, store=store,
+            auth=auth, upstream=upstream,
+        )
+        checker = HealthChecker(
+            registry, upstream.session, interval_s=settings.upstream.health_interval_s,
+            timeout_s=settings.upstream.health_timeout_s,
+        )
+        await checker.probe_all()  # know the fleet before the first request
+        tasks = [
+            asyncio.create_task(checker.run(), name="health-checks"),
+            asyncio.create_task(auth.listen_for_invalidations(), name="auth-invalidation"),
+        ]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await upstream.close()
+            await redis.aclose()
+
+    app.cleanup_ctx.append(lifecycle)

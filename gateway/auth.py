@@ -1,0 +1,156 @@
+"""Hot-path authentication: API key -> tenant, from an in-process cache.
+
+The cache holds each key's record and tenant for ``ttl_s``; a Redis pub/sub channel drops
+entries the moment a key is created or revoked or a tenant changes, on every replica. When the
+subscription breaks, the whole cache is dropped on reconnect, so no revocation is ever missed for
+longer than the reconnect takes.
+
+Example::
+
+    auth = Authenticator(store, redis, ttl_s=30)
+    principal = await auth.authenticate(request.headers.get("Authorization"))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.errors import APIError
+from gateway.keystore import INVALIDATION_CHANNEL, ApiKey, KeyStore, Tenant, parse_key
+
+log = logging.getLogger(__name__)
+
+_MALFORMED = (
+    "Malformed API key. switchyard keys look like 'sy-<16 hex>-<43 characters>'; "
+    "send it as 'Authorization: Bearer <key>'."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the tenant and the key used."""
+
+    tenant: Tenant
+    key: ApiKey
+
+    @property
+    def tier(self) -> str:
+        return self.key.tier or self.tenant.tier
+
+
+@dataclass(slots=True)
+class _Entry:
+    key: ApiKey | None
+    tenant: Tenant | None
+    fetched_at: float
+
+
+class Authenticator:
+    def __init__(self, store: KeyStore, redis: aioredis.Redis, *, ttl_s: float = 30.0) -> None:
+        self._store = store
+        self._redis = redis
+        self._ttl_s = ttl_s
+        self._cache: dict[str, _Entry] = {}
+        self._inflight: dict[str, asyncio.Future[_Entry]] = {}
+        self.is_subscribed = False
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        if not authorization:
+            raise APIError.unauthorized(
+                "Missing API key. Send 'Authorization: Bearer sy-...' with a key from "
+                "'switchyard keys create'.",
+                code="missing_api_key",
+            )
+        scheme, _, presented = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not presented:
+            raise APIError.unauthorized(_MALFORMED)
+        parsed = parse_key(presented.strip())
+        if parsed is None:
+            raise APIError.unauthorized(_MALFORMED)
+        key_id = parsed[0]
+        now = time.monotonic()
+        entry = self._cache.get(key_id)
+        if entry is None or now - entry.fetched_at > self._ttl_s:
+            entry = await self._fetch(key_id, entry)
+        key, tenant = entry.key, entry.tenant
+        # Compare digests in constant time even for unknown keys, so timing reveals nothing.
+        expected = key.digest if key else "0" * 64
+        if not hmac.compare_digest(self._store.digest(presented.strip()), expected) or key is None:
+            raise APIError.unauthorized("Invalid API key: no such key. Check for a typo.")
+        if key.is_revoked():
+            raise APIError.unauthorized("This API key has been revoked.", code="revoked_api_key")
+        if key.is_expired(time.time()):
+            raise APIError.unauthorized("This API key has expired.", code="expired_api_key")
+        if tenant is None:
+            raise APIError.unauthorized("Invalid API key: its tenant no longer exists.")
+        if not tenant.enabled:
+            raise APIError.forbidden(
+                f"Tenant {tenant.id!r} is disabled; ask the operator to enable it.",
+                code="tenant_disabled",
+            )
+        return Principal(tenant=tenant, key=key)
+
+    async def _fetch(self, key_id: str, stale: _Entry | None) -> _Entry:
+        pending = self._inflight.get(key_id)
+        if pending is not None:  # single flight: one Redis fetch per key however many wait
+            return await asyncio.shield(pending)
+        future: asyncio.Future[_Entry] = asyncio.get_running_loop().create_future()
+        self._inflight[key_id] = future
+        try:
+            key, tenant = await self._store.lookup(key_id)
+        except (RedisError, OSError) as exc:
+            if stale is not None:
+                log.warning("key store unreachable, serving cached key %s: %s", key_id, exc)
+                future.set_result(stale)
+                return stale
+            error = APIError.unavailable("Authentication store unavailable; retry shortly.")
+            future.set_exception(error)
+            future.exception()  # mark retrieved
+            raise error from exc
+        finally:
+            self._inflight.pop(key_id, None)
+        entry = _Entry(key=key, tenant=tenant, fetched_at=time.monotonic())
+        self._cache[key_id] = entry
+        future.set_result(entry)
+        return entry
+
+    def invalidate(self, message: str) -> None:
+        kind, _, ident = message.partition(" ")
+        if kind == "key":
+            self._cache.pop(ident, None)
+        elif kind == "tenant":
+            for key_id in [k for k, e in self._cache.items() if e.key and e.key.tenant_id == ident]:
+                del self._cache[key_id]
+        else:
+            self._cache.clear()
+
+    async def listen_for_invalidations(self) -> None:
+        """Run until cancelled: apply invalidation messages; reconnect with backoff."""
+        delay_s = 0.1
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(INVALIDATION_CHANNEL)
+                self._cache.clear()  # anything may have changed while we were not listening
+                self.is_subscribed = True
+                delay_s = 0.1
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        data = message["data"]
+                        self.invalidate(data.decode() if isinstance(data, bytes) else str(data))
+            except (RedisError, OSError) as exc:
+                log.warning("auth invalidation channel lost (%s); reconnecting", exc)
+            finally:
+                self.is_subscribed = False
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 2.0)

@@ -1,0 +1,73 @@
+"""The `switchyard` command: serve, config check, up, tenants, keys, mock-engine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gateway import admin_client, up
+from gateway.settings import ConfigError, load_settings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="switchyard", description="OpenAI-compatible gateway for self-hosted LLM fleets"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", help="YAML configuration file (SWITCHYARD_* env overrides)")
+
+    config = sub.add_parser("config", help="configuration tools")
+    config_sub = config.add_subparsers(dest="action", required=True)
+    check = config_sub.add_parser("check", help="validate a configuration file")
+    check.add_argument("file")
+
+    up.add_arguments(sub.add_parser("up", help="run a local fleet: Redis, engines, gateway"))
+    admin_client.register(sub)
+    sub.add_parser("mock-engine", help="run the placeholder OpenAI-compatible engine",
+                   add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "mock-engine":
+        from backends.mock.cli import main as mock_main
+
+        return mock_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        try:
+            settings = load_settings(args.config)
+        except ConfigError as exc:
+            _print_config_errors(args.config or "<environment>", exc)
+            return 2
+        from gateway.server import serve
+
+        serve(settings)
+        return 0
+    if args.command == "config":
+        try:
+            settings = load_settings(args.file)
+        except ConfigError as exc:
+            _print_config_errors(args.file, exc)
+            return 1
+        print(f"{args.file}: OK ({len(settings.backends)} backends, "
+              f"{len(settings.tiers)} tiers, listening on "
+              f"{settings.listen.host}:{settings.listen.port})")
+        return 0
+    if args.command == "up":
+        return up.run(args)
+    return admin_client.run(args.command, args)
+
+
+def _print_config_errors(source: str, exc: ConfigError) -> None:
+    count = len(exc.errors)
+    print(f"{source}: {count} error{'s' if count != 1 else ''}", file=sys.stderr)
+    for location, message in exc.errors:
+        print(f"  {location}: {message}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

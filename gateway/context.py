@@ -1,0 +1,32 @@
+"""The gateway's shared objects, kept on the app under one typed key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from backends.registry import BackendRegistry
+from backends.upstream import UpstreamClient
+from gateway.auth import Authenticator
+from gateway.keystore import KeyStore
+from gateway.metrics import GatewayMetrics
+from gateway.settings import Settings
+
+
+@dataclass(slots=True)
+class Gateway:
+    settings: Settings
+    registry: BackendRegistry
+    metrics: GatewayMetrics
+    redis: aioredis.Redis
+    store: KeyStore
+    auth: Authenticator
+    upstream: UpstreamClient
+    num_in_flight: int = 0
+    is_draining: bool = False
+
+
+GATEWAY = web.AppKey("gateway", Gateway)
+REQUEST_ID = "switchyard.request_id"

@@ -1,0 +1,75 @@
+"""Small endpoints: models, liveness, readiness, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.exceptions import RedisError
+
+from gateway.context import GATEWAY
+from gateway.errors import APIError
+
+_STARTED_AT = int(time.time())
+
+
+async def list_models(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    principal = await gw.auth.authenticate(request.headers.get("Authorization"))
+    data = [
+        {"id": model, "object": "model", "created": _STARTED_AT, "owned_by": "switchyard"}
+        for model in gw.registry.models()
+        if principal.tenant.may_use(model)
+    ]
+    return _json({"object": "list", "data": data})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    principal = await gw.auth.authenticate(request.headers.get("Authorization"))
+    model = request.match_info["model"]
+    if not gw.registry.serves(model) or not principal.tenant.may_use(model):
+        raise APIError.not_found(
+            f"The model {model!r} does not exist or you do not have access to it.",
+            code="model_not_found", param="model",
+        )
+    return _json({"id": model, "object": "model", "created": _STARTED_AT, "owned_by": "switchyard"})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return _json({"status": "alive"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    problems = []
+    if gw.is_draining:
+        problems.append("the gateway is shutting down")
+    try:
+        async with asyncio.timeout(0.5):
+            await gw.redis.ping()
+    except (RedisError, OSError, TimeoutError) as exc:
+        problems.append(f"Redis unreachable ({exc.__class__.__name__})")
+    healthy = [b.name for b in gw.registry.backends if b.is_healthy]
+    if not healthy:
+        problems.append("no healthy backend")
+    if problems:
+        raise APIError(503, "Not ready: " + "; ".join(problems) + ".",
+                       type="service_unavailable", code="not_ready")
+    return _json({"status": "ready", "healthy_backends": healthy})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    for backend in gw.registry.backends:
+        gw.metrics.backend_healthy.labels(backend.name).set(1 if backend.is_healthy else 0)
+    gw.metrics.in_flight.set(gw.num_in_flight)
+    body = generate_latest(gw.metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")

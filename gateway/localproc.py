@@ -1,0 +1,137 @@
+"""Child processes for a local fleet: a private redis-server, engines, gateways.
+
+Used by ``switchyard up``, the test suite and the benchmarks, so all three start things the same
+way. Example::
+
+    with ProcessGroup() as group:
+        redis_url = start_redis(group, workdir)
+        group.spawn("engine", [sys.executable, "-m", "backends.mock", "--port", "19001"])
+        wait_http("http://127.0.0.1:19001/health")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class ProcessGroup:
+    """Children started in order and stopped in reverse: SIGTERM, then SIGKILL after a grace."""
+
+    def __init__(self, log_dir: Path | None = None) -> None:
+        self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self._log_dir = log_dir
+
+    def spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None,
+              quiet: bool = True) -> subprocess.Popen[bytes]:
+        stdout: int | None = None
+        if self._log_dir is not None:
+            log_path = self._log_dir / f"{name}.log"
+            stdout = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        elif quiet:
+            stdout = subprocess.DEVNULL
+        full_env = {**os.environ, **(env or {})}
+        child = subprocess.Popen(
+            list(argv), stdout=stdout, stderr=subprocess.STDOUT if stdout is not None else None,
+            env=full_env,
+        )
+        if stdout not in (None, subprocess.DEVNULL):
+            os.close(stdout)
+        self.children.append((name, child))
+        return child
+
+    def dead_child(self) -> str | None:
+        for name, child in self.children:
+            if child.poll() is not None:
+                return f"{name} (exit status {child.returncode})"
+        return None
+
+    def stop_all(self, grace_s: float = 10.0) -> None:
+        for _, child in reversed(self.children):
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+        self.children.clear()
+
+    def __enter__(self) -> ProcessGroup:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop_all()
+
+
+def redis_server_path() -> str:
+    path = shutil.which("redis-server") or (
+        "/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists() else None
+    )
+    if path is None:
+        raise RuntimeError(
+            "redis-server is not installed: run 'apt-get install -y redis-server' "
+            "(scripts/setup.sh does) or pass --redis-url"
+        )
+    return path
+
+
+def start_redis(group: ProcessGroup, workdir: Path, port: int | None = None) -> str:
+    """Start a private, memory-only redis-server on loopback; return its URL once it answers."""
+    port = port or free_port()
+    argv = [
+        redis_server_path(), "--port", str(port), "--bind", "127.0.0.1",
+        "--save", "", "--appendonly", "no", "--dir", str(workdir),
+        "--protected-mode", "yes", "--loglevel", "warning",
+    ]
+    group.spawn(f"redis-{port}", argv)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2) as s:
+            s.sendall(b"PING\r\n")
+            if s.recv(64).startswith(b"+PONG"):
+                return f"redis://127.0.0.1:{port}/0"
+        time.sleep(0.05)
+    raise RuntimeError(f"redis-server did not start on port {port}")
+
+
+def wait_http(url: str, timeout_s: float = 20.0, group: ProcessGroup | None = None) -> None:
+    """Poll ``url`` until it answers 200; fail early if a child of ``group`` died."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if group is not None and (dead := group.dead_child()):
+            raise RuntimeError(f"{dead} exited while waiting for {url}")
+        try:
+            response = httpx.get(url, timeout=1.0)
+            if response.status_code == 200:
+                return
+            last = f"HTTP {response.status_code}: {response.text[:200]}"
+        except httpx.HTTPError as exc:
+            last = str(exc) or exc.__class__.__name__
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} not ready after {timeout_s:g} s ({last})")
+
+
+def python_module_argv(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]

@@ -1,0 +1,86 @@
+"""Prometheus metrics, one registry per app (so several apps can live in one test process).
+
+Label values come from bounded sets only: routes, configured model and backend names, status
+codes. A model name the configuration does not know is recorded as ``"other"``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS_S = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)
+
+
+class GatewayMetrics:
+    def __init__(self, known_models: list[str], backend_names: list[str]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._known_models = frozenset(known_models)
+        self.requests = Counter(
+            "switchyard_requests",
+            "Completion requests by route, model and HTTP status.",
+            ["route", "model", "status"],
+            registry=self.registry,
+        )
+        self.request_duration = Histogram(
+            "switchyard_request_duration_seconds",
+            "End-to-end request duration at the gateway.",
+            ["route"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.streamed_chunks = Counter(
+            "switchyard_streamed_chunks",
+            "Chunks of streamed responses relayed to clients.",
+            registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            "switchyard_upstream_errors",
+            "Failed upstream attempts by backend and reason.",
+            ["backend", "reason"],
+            registry=self.registry,
+        )
+        self.retries = Counter(
+            "switchyard_upstream_retries",
+            "Requests retried on another backend before any byte reached the client.",
+            registry=self.registry,
+        )
+        self.client_disconnects = Counter(
+            "switchyard_client_disconnects",
+            "Requests whose client went away before the response finished.",
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "switchyard_in_flight_requests",
+            "Completion requests being served.",
+            registry=self.registry,
+        )
+        self.backend_healthy = Gauge(
+            "switchyard_backend_healthy",
+            "1 when the backend passes health checks.",
+            ["backend"],
+            registry=self.registry,
+        )
+        self.auth_failures = Counter(
+            "switchyard_auth_failures",
+            "Requests rejected by authentication, by error code.",
+            ["code"],
+            registry=self.registry,
+        )
+        self._request_children: dict[tuple[str, str, int], Counter] = {}
+        self._duration_children = {
+            route: self.request_duration.labels(route) for route in ("chat", "completions")
+        }
+        for name in backend_names:
+            self.backend_healthy.labels(name).set(1)
+
+    def observe_request(self, route: str, model: str, status: int, duration_s: float) -> None:
+        label = model if model in self._known_models else "other"
+        key = (route, label, status)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self.requests.labels(route, label, str(status))
+            self._request_children[key] = child
+        child.inc()
+        self._duration_children[route].observe(duration_s)

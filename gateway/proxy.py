@@ -1,0 +1,222 @@
+"""The completion endpoints: authenticate, check, pick a backend, forward, relay.
+
+The client's body bytes are forwarded unchanged (unknown fields pass through). Streams are
+relayed chunk by chunk as they arrive; a client disconnect cancels the handler (the server runs
+with ``handler_cancellation``), which closes the upstream connection at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from backends.upstream import RETRYABLE_STATUSES, Opened, UpstreamFailure
+from gateway.context import GATEWAY, REQUEST_ID, Gateway
+from gateway.errors import APIError, error_body
+from gateway.validation import CompletionRequest, parse_completion_body
+
+_ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_FORWARDED_HEADERS = ("traceparent", "tracestate", "accept")
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no"}
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, "chat")
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _handle(request, "completions")
+
+
+async def _handle(request: web.Request, route: str) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    started = time.perf_counter()
+    model = ""
+    status = 500
+    gw.num_in_flight += 1
+    try:
+        principal = await gw.auth.authenticate(request.headers.get("Authorization"))
+        raw = await _read_json_body(request, gw)
+        parsed = parse_completion_body(raw, route=route)
+        model = parsed.model
+        if not gw.registry.serves(model):
+            raise APIError.not_found(
+                f"The model {model!r} does not exist on this gateway; GET /v1/models lists "
+                "the models you may use.", code="model_not_found", param="model",
+            )
+        if not principal.tenant.may_use(model):
+            raise APIError.forbidden(
+                f"Your tenant may not use the model {model!r}; GET /v1/models lists the models "
+                "you may use.", code="model_not_allowed", param="model",
+            )
+        response = await _forward(request, gw, route, parsed, raw)
+        status = response.status
+        return response
+    except APIError as exc:
+        status = exc.status
+        raise
+    except asyncio.CancelledError:
+        status = 499  # client closed the connection
+        gw.metrics.client_disconnects.inc()
+        raise
+    finally:
+        gw.num_in_flight -= 1
+        gw.metrics.observe_request(route, model, status, time.perf_counter() - started)
+
+
+async def _read_json_body(request: web.Request, gw: Gateway) -> bytes:
+    content_type = request.headers.get("Content-Type")
+    if content_type is not None:
+        media = content_type.partition(";")[0].strip().lower()
+        if media != "application/json" and not media.endswith("+json"):
+            raise APIError(
+                415,
+                f"Unsupported Content-Type {media!r}: send the body as JSON with "
+                "'Content-Type: application/json'.",
+                code="unsupported_media_type",
+            )
+    limit = gw.settings.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
+    return await request.read()
+
+
+async def _forward(
+    request: web.Request, gw: Gateway, route: str, parsed: CompletionRequest, raw: bytes
+) -> web.StreamResponse:
+    candidates = gw.registry.candidates(parsed.model)
+    if not candidates:
+        raise APIError.unavailable(
+            f"No healthy backend serves {parsed.model!r} right now; retry shortly.", 2
+        )
+    headers = {"Content-Type": "application/json", "X-Request-Id": request[REQUEST_ID]}
+    for name in _FORWARDED_HEADERS:
+        value = request.headers.get(name)
+        if value is not None:
+            headers[name] = value
+    max_attempts = 2 if gw.settings.upstream.retry_before_first_byte else 1
+    attempts = candidates[:max_attempts]
+    failure: UpstreamFailure | None = None
+    opened: Opened | None = None
+    for index, backend in enumerate(attempts):
+        if index:
+            gw.metrics.retries.inc()
+        try:
+            opened = await gw.upstream.open(
+                backend, _ROUTES[route], raw, headers, is_stream=parsed.is_stream
+            )
+        except UpstreamFailure as exc:
+            failure = exc
+            gw.metrics.upstream_errors.labels(backend.name, exc.reason).inc()
+            if exc.reason == "connect":
+                backend.mark_failure(str(exc))
+            continue
+        if opened.response.status in RETRYABLE_STATUSES and index + 1 < len(attempts):
+            gw.metrics.upstream_errors.labels(backend.name, f"http_{opened.response.status}").inc()
+            opened.response.close()
+            opened = None
+            continue
+        break
+    if opened is None:
+        assert failure is not None
+        if failure.is_timeout:
+            raise APIError.gateway_timeout(f"Upstream timeout: {failure}.")
+        raise APIError.bad_gateway(f"Upstream failed: {failure}.")
+    try:
+        upstream = opened.response
+        if (
+            parsed.is_stream
+            and upstream.status == 200
+            and upstream.content_type == "text/event-stream"
+        ):
+            return await _relay_stream(request, gw, opened)
+        return await _relay_body(request, gw, opened)
+    finally:
+        opened.response.close()
+
+
+async def _relay_body(request: web.Request, gw: Gateway, opened: Opened) -> web.Response:
+    upstream = opened.response
+    try:
+        async with asyncio.timeout(gw.settings.upstream.request_timeout_s):
+            body = opened.first_chunk + await upstream.read()
+    except TimeoutError:
+        raise APIError.gateway_timeout(
+            f"Upstream timeout: backend {opened.backend.name!r} did not finish the response."
+        ) from None
+    except (aiohttp.ClientError, OSError):
+        gw.metrics.upstream_errors.labels(opened.backend.name, "protocol").inc()
+        raise APIError.bad_gateway(
+            f"Upstream failed: backend {opened.backend.name!r} broke off its response."
+        ) from None
+    if upstream.status >= 400 and not _is_openai_error(body):
+        gw.metrics.upstream_errors.labels(opened.backend.name, f"http_{upstream.status}").inc()
+        raise APIError.bad_gateway(
+            f"Upstream failed: backend {opened.backend.name!r} answered HTTP {upstream.status} "
+            "without an OpenAI error body."
+        )
+    return web.Response(
+        status=upstream.status,
+        body=body,
+        headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")},
+    )
+
+
+async def _relay_stream(request: web.Request, gw: Gateway, opened: Opened) -> web.StreamResponse:
+    settings = gw.settings.upstream
+    out = web.StreamResponse(status=200, headers=_SSE_HEADERS)
+    out.headers["x-request-id"] = request[REQUEST_ID]
+    await out.prepare(request)
+    content = opened.response.content
+    loop = asyncio.get_running_loop()
+    deadline_s = loop.time() + settings.request_timeout_s
+    idle_s = settings.idle_timeout_s
+    num_chunks = 0
+    chunk = opened.first_chunk
+    try:
+        async with asyncio.timeout(min(loop.time() + idle_s, deadline_s)) as timer:
+            while chunk:
+                num_chunks += 1
+                await out.write(chunk)
+                timer.reschedule(min(loop.time() + idle_s, deadline_s))
+                chunk = await content.readany()
+    except TimeoutError:
+        gw.metrics.upstream_errors.labels(opened.backend.name, "idle_timeout").inc()
+        await _end_with_error(out, f"Upstream timeout: backend {opened.backend.name!r} stalled.")
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
+        gw.metrics.upstream_errors.labels(opened.backend.name, "broken_stream").inc()
+        await _end_with_error(
+            out, f"Upstream failed: backend {opened.backend.name!r} broke off the stream "
+            f"({exc.__class__.__name__}); the response is incomplete."
+        )
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        gw.metrics.client_disconnects.inc()  # the client went away while we wrote
+        return out
+    else:
+        await out.write_eof()
+    finally:
+        gw.metrics.streamed_chunks.inc(num_chunks)
+    return out
+
+
+def _is_openai_error(body: bytes) -> bool:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(data, dict) and isinstance(data.get("error"), dict)
+
+
+async def _end_with_error(out: web.StreamResponse, message: str) -> None:
+    """Tell a streaming client what went wrong, in an SSE event the OpenAI SDK raises on."""
+    try:
+        event = error_body(message, "upstream_error", "upstream_failed")
+        await out.write(b"data: " + event + b"\n\n")
+        await out.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        pass

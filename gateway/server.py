@@ -1,0 +1,104 @@
+"""Run the gateway: uvloop, a graceful drain on SIGTERM, and OpenAI-format HTTP parse errors.
+
+On SIGTERM or SIGINT the gateway stops accepting connections, reports not-ready, lets in-flight
+requests and streams finish for up to ``drain_timeout_s``, then cancels what is left and closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from typing import Any
+
+import uvloop
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+from aiohttp.web_server import Server
+
+from gateway.app import create_app
+from gateway.context import GATEWAY
+from gateway.errors import error_body
+from gateway.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class _JsonErrorRequestHandler(RequestHandler):
+    """aiohttp answers unparsable HTTP itself, in plain text; answer in OpenAI's format."""
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        self.log_debug("bad request from %s: %s", request.remote, exc)
+        reason = "the request could not be parsed as HTTP"
+        if status != 500 and message:
+            reason = f"{reason}: {message.splitlines()[0][:200]}"
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        response = web.Response(
+            status=status,
+            body=error_body(f"Bad request: {reason}.", kind, "invalid_http"),
+            content_type="application/json",
+        )
+        response.force_close()
+        return response
+
+
+class _JsonErrorServer(Server):
+    def __call__(self) -> RequestHandler:
+        return _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+async def run_until_signalled(settings: Settings, *, ready_line: bool = True) -> None:
+    app = create_app(settings)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=settings.drain_timeout_s,
+        handle_signals=False,
+    )
+    await runner.setup()
+    if runner.server is not None and type(runner.server) is Server:
+        runner.server.__class__ = _JsonErrorServer
+    sock = _listen_socket(settings.listen.host, settings.listen.port)
+    site = web.SockSite(runner, sock)
+    await site.start()
+    host, port = sock.getsockname()[:2]
+    if ready_line:
+        print(f"switchyard gateway listening on http://{host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+        log.info("signal received: draining for up to %.0f s", settings.drain_timeout_s)
+        app[GATEWAY].is_draining = True
+    finally:
+        await runner.cleanup()
+        log.info("gateway stopped")
+
+
+def _listen_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def serve(settings: Settings, **kwargs: Any) -> None:
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    uvloop.run(run_until_signalled(settings, **kwargs))

@@ -1,0 +1,255 @@
+"""Gateway configuration: one YAML file, validated by pydantic, overridable by environment.
+
+Every field can be overridden by a ``SWITCHYARD_*`` variable: the rest of the name, lower-cased,
+with ``__`` between nesting levels (``SWITCHYARD_LISTEN__PORT=9000``,
+``SWITCHYARD_REDIS_URL=redis://10.0.0.5:6379/0``). Values are parsed as YAML scalars or flow
+collections, so ``SWITCHYARD_BACKENDS='[{name: a, url: "http://h:8000", models: [m]}]'`` works.
+
+Example::
+
+    settings = load_settings("switchyard.yaml")
+    settings.backends[0].url  # "http://127.0.0.1:19001"
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import model_validator as _model_validator
+
+ENV_PREFIX = "SWITCHYARD_"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+
+
+class BackendSettings(_Strict):
+    """One upstream engine (a vLLM / SGLang server, or a switchyard worker)."""
+
+    name: str
+    url: str
+    models: list[str] = Field(min_length=1)
+    weight: float = Field(1.0, gt=0)
+    health_path: str = "/health"
+    api_key: SecretStr | None = Field(None, description="bearer token the engine expects, if any")
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _NAME_RE.match(value):
+            raise ValueError("must be 1-128 characters of letters, digits and ._:/-")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s]+(/[^\s]*)?$", value):
+            raise ValueError("must be an http:// or https:// URL such as http://10.0.0.7:8000")
+        return value.rstrip("/")
+
+    @field_validator("health_path")
+    @classmethod
+    def _check_path(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with '/'")
+        return value
+
+
+class TierSettings(_Strict):
+    """An SLO class. Admission control (issue 5) enforces the SLOs; here they are declared."""
+
+    name: str
+    priority: int = Field(ge=0)
+    ttft_slo_ms: float = Field(gt=0)
+    tpot_slo_ms: float = Field(200.0, gt=0)
+    max_queue_wait_ms: float = Field(0.0, ge=0)
+    on_overload: Literal["reject", "queue_until_deadline", "queue"] = "queue_until_deadline"
+
+
+def default_tiers() -> list[TierSettings]:
+    return [
+        TierSettings(name="interactive", priority=0, ttft_slo_ms=500, on_overload="reject"),
+        TierSettings(
+            name="standard", priority=1, ttft_slo_ms=2_000, max_queue_wait_ms=2_000,
+        ),
+        TierSettings(
+            name="batch", priority=2, ttft_slo_ms=60_000, max_queue_wait_ms=600_000,
+            on_overload="queue",
+        ),
+    ]
+
+
+class LimitSettings(_Strict):
+    """Per-tenant limits; ``None`` means unlimited."""
+
+    requests_per_minute: int | None = Field(None, ge=1)
+    tokens_per_minute: int | None = Field(None, ge=1)
+    max_concurrent: int | None = Field(None, ge=1)
+
+
+class UpstreamSettings(_Strict):
+    connect_timeout_s: float = Field(3.0, gt=0)
+    first_byte_timeout_s: float = Field(120.0, gt=0)
+    request_timeout_s: float = Field(900.0, gt=0)
+    idle_timeout_s: float = Field(60.0, gt=0)
+    health_interval_s: float = Field(2.0, gt=0)
+    health_timeout_s: float = Field(1.0, gt=0)
+    retry_before_first_byte: bool = True
+    max_connections_per_backend: int = Field(512, ge=1, le=100_000)
+
+
+class Settings(_Strict):
+    listen: ListenSettings = ListenSettings()
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    admin_token: SecretStr | None = None
+    key_secret: SecretStr | None = Field(
+        None, description="HMAC secret for API key hashes; without it keys are hashed with SHA-256"
+    )
+    backends: list[BackendSettings] = Field(default_factory=list)
+    tiers: list[TierSettings] = Field(default_factory=default_tiers)
+    default_tier: str = "standard"
+    default_limits: LimitSettings = LimitSettings()
+    upstream: UpstreamSettings = UpstreamSettings()
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    drain_timeout_s: float = Field(30.0, ge=0)
+    key_cache_ttl_s: float = Field(30.0, gt=0)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @_model_validator(mode="after")
+    def _check_references(self) -> Settings:
+        names = [b.name for b in self.backends]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"backend names must be unique; repeated: {', '.join(dupes)}")
+        tier_names = [t.name for t in self.tiers]
+        if self.default_tier not in tier_names:
+            raise ValueError(
+                f"default_tier {self.default_tier!r} is not one of the tiers: {tier_names}"
+            )
+        return self
+
+    @property
+    def tier_names(self) -> list[str]:
+        return [t.name for t in self.tiers]
+
+
+class ConfigError(Exception):
+    """Raised with every problem found; ``errors`` holds one ``(location, message)`` per problem."""
+
+    def __init__(self, errors: list[tuple[str, str]]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(f"{loc}: {msg}" for loc, msg in errors))
+
+
+def load_settings(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Read ``path`` (optional), overlay ``SWITCHYARD_*`` variables, validate; or ConfigError."""
+    environ = os.environ if environ is None else environ
+    data: dict[str, Any] = {}
+    lines: dict[tuple[str | int, ...], int] = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError([(source, f"cannot read the file: {exc.strerror}")]) from exc
+        try:
+            node = yaml.compose(text, Loader=yaml.SafeLoader)
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{source}:{mark.line + 1}" if mark else source
+            raise ConfigError([(where, f"not valid YAML: {exc}")]) from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError([(source, "the top level must be a mapping of settings")])
+        data = loaded
+        if node is not None:
+            _collect_lines(node, (), lines)
+    env_sources = _overlay_env(data, environ)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            where = _format_loc(loc)
+            env_name = _env_source(loc, env_sources)
+            if env_name:
+                where = f"{where} (from ${env_name})"
+            elif loc in lines or loc[:-1] in lines:
+                where = f"{source}:{lines.get(loc, lines.get(loc[:-1]))}: {where}"
+            else:
+                where = f"{source}: {where or '<top level>'}"
+            problems.append((where, err["msg"]))
+        raise ConfigError(problems) from exc
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _collect_lines(
+    node: yaml.Node, path: tuple[str | int, ...], out: dict[tuple[str | int, ...], int]
+) -> None:
+    out[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value
+            out[(*path, key)] = key_node.start_mark.line + 1
+            _collect_lines(value_node, (*path, key), out)
+            out[(*path, key)] = key_node.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _collect_lines(item, (*path, index), out)
+
+
+def _overlay_env(data: dict[str, Any], environ: Mapping[str, str]) -> dict[tuple[str, ...], str]:
+    sources: dict[tuple[str, ...], str] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == "SWITCHYARD_CONFIG":
+            continue
+        path = tuple(part for part in name[len(ENV_PREFIX):].lower().split("__") if part)
+        if not path:
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            value = raw
+        if path[-1] in {"admin_token", "key_secret", "redis_url"}:
+            value = raw  # secrets and URLs are strings, never reinterpreted
+        target = data
+        for part in path[:-1]:
+            child = target.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                target[part] = child
+            target = child
+        target[path[-1]] = value
+        sources[path] = name
+    return sources
+
+
+def _env_source(loc: tuple[Any, ...], sources: dict[tuple[str, ...], str]) -> str | None:
+    for length in range(len(loc), 0, -1):
+        prefix = tuple(str(p) for p in loc[:length])
+        if prefix in sources:
+            return sources[prefix]
+    return None

@@ -1,0 +1,116 @@
+"""`switchyard up`: a private Redis, local engines and the gateway, with a demo key printed.
+
+Ctrl-C (or SIGTERM) stops every child in reverse order of starting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import signal
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+
+import httpx
+import yaml
+
+from gateway.localproc import ProcessGroup, free_port, python_module_argv, start_redis, wait_http
+
+DEMO_MODEL = "switchyard-mock"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="gateway listen address")
+    parser.add_argument("--port", type=int, default=8080, help="gateway port")
+    parser.add_argument("--redis-url", help="use this Redis instead of starting a private one")
+    parser.add_argument("--workers", type=int, default=2, help="number of local engines")
+    parser.add_argument("--model", default=DEMO_MODEL, help="model name the engines serve")
+    parser.add_argument("--token-delay-ms", type=float, default=20.0,
+                        help="simulated time per output token of the local engines")
+
+
+def run(args: argparse.Namespace) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="switchyard-up-"))
+    stop_requested = False
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        nonlocal stop_requested
+        stop_requested = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    with ProcessGroup(log_dir=workdir) as group:
+        redis_url = args.redis_url or start_redis(group, workdir)
+        backends: list[dict[str, object]] = []
+        for index in range(args.workers):
+            port = free_port()
+            group.spawn(f"engine-{index}", python_module_argv(
+                "backends.mock", "--port", str(port), "--model", args.model,
+                "--token-delay-ms", str(args.token_delay_ms),
+            ))
+            backends.append({"name": f"engine-{index}", "url": f"http://127.0.0.1:{port}",
+                             "models": [args.model]})
+        for backend in backends:
+            wait_http(f"{backend['url']}/health", group=group)
+        admin_token = secrets.token_urlsafe(24)
+        config = {
+            "listen": {"host": args.host, "port": args.port},
+            "redis_url": redis_url,
+            "admin_token": admin_token,
+            "key_secret": secrets.token_urlsafe(32),
+            "backends": backends,
+            "drain_timeout_s": 10,
+        }
+        config_path = workdir / "switchyard.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        config_path.chmod(0o600)
+        group.spawn("gateway", python_module_argv("gateway", "serve", "--config",
+                                                  str(config_path)), quiet=False)
+        base = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
+        wait_http(base + "/readyz", group=group)
+        key = _demo_key(base, admin_token)
+        _print_banner(base, key, args.model, admin_token, workdir)
+        while not stop_requested:
+            if dead := group.dead_child():
+                print(f"\n{dead} stopped unexpectedly; logs in {workdir}. Shutting down.")
+                return 1
+            time.sleep(0.2)
+        print("\nstopping the local fleet ...", flush=True)
+    print("stopped.")
+    return 0
+
+
+def _demo_key(base: str, admin_token: str) -> str:
+    headers = {"Authorization": f"Bearer {admin_token}"}
+    with httpx.Client(base_url=base, headers=headers, timeout=10) as client:
+        response = client.post("/admin/tenants", json={
+            "id": "demo", "name": "Demo tenant", "tier": "standard", "models": ["*"],
+        })
+        if response.status_code not in (201, 409):
+            raise RuntimeError(f"cannot create the demo tenant: {response.text}")
+        response = client.post("/admin/keys", json={"tenant_id": "demo", "name": "demo"})
+        response.raise_for_status()
+        return str(response.json()["key"])
+
+
+def _print_banner(base: str, key: str, model: str, admin_token: str, workdir: Path) -> None:
+    print(f"""
+switchyard is up at {base}   (logs and config in {workdir})
+
+  demo tenant: demo      demo key: {key}
+  admin token: {admin_token}
+
+  curl {base}/v1/chat/completions \\
+    -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "hello there"}}]}}'
+
+  python -c '
+from openai import OpenAI
+client = OpenAI(base_url="{base}/v1", api_key="{key}")
+print(client.chat.completions.create(model="{model}",
+      messages=[{{"role": "user", "content": "hello there"}}]).choices[0].message.content)'
+
+Ctrl-C stops everything.
+""", flush=True)

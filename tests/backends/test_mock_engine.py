@@ -1,0 +1,510 @@
+"""The mock engine, served for real on loopback and driven by aiohttp and the openai SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import orjson
+import pytest
+import pytest_asyncio
+
+from backends.mock import MockEngine, MockEngineConfig, start
+from backends.mock.stats import MockStats
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MODEL = "switchyard-mock"
+OTHER_MODEL = "other-model"
+CONFIG = MockEngineConfig(models=(MODEL, OTHER_MODEL), default_max_tokens=4)
+CHAT = "/v1/chat/completions"
+TEXT = "/v1/completions"
+
+
+@pytest_asyncio.fixture
+async def engine() -> AsyncIterator[MockEngine]:
+    async with await start(CONFIG) as running:
+        yield running
+
+
+@pytest_asyncio.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as client:
+        yield client
+
+
+def chat_body(content: str = "hello there world", **extra: Any) -> dict[str, Any]:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": content}]
+    return {"model": MODEL, "messages": messages, **extra}
+
+
+async def post_json(
+    session: aiohttp.ClientSession, engine: MockEngine, path: str, body: Any
+) -> tuple[int, Any]:
+    async with session.post(engine.url + path, json=body) as resp:
+        return resp.status, await resp.json()
+
+
+async def post_stream(
+    session: aiohttp.ClientSession, engine: MockEngine, path: str, body: dict[str, Any]
+) -> list[bytes]:
+    """The payloads of the ``data:`` events of a streamed response, ``[DONE]`` included."""
+    async with session.post(engine.url + path, json=body) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"] == "text/event-stream"
+        return [line[6:].rstrip(b"\n") async for line in resp.content if line.startswith(b"data: ")]
+
+
+async def wait_until(predicate: Callable[[MockStats], bool], stats: MockStats) -> None:
+    deadline_s = time.monotonic() + 2.0
+    while not predicate(stats):
+        assert time.monotonic() < deadline_s, f"stats never matched: {stats.snapshot()}"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.asyncio
+async def test_chat_completion_echoes_last_user_message_cyclically(
+    engine: MockEngine, session: aiohttp.ClientSession
+) -> None:
+    status, body = await post_json(session, engine, CHAT, chat_body(max_tokens=5))
+
+    assert status == 200
+    assert body["id"].startswith("chatcmpl-")
+    assert body["object"] == "chat.completion"
+    assert body["model"] == MODEL
+    assert abs(body["created"] - time.time()) < 5
+    assert body["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": " hello there world hello there"},
+            "logprobs": None,
+            "finish_reason": "length",
+        }
+    ]
+    assert body["usage"] == {
+        "prompt_tokens": 5,  # every message's words: "be brief" + "hello there world"
+        "completion_tokens": 5,
+        "total_tokens": 10,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("prompt", "text", "num_prompt_tokens"),
+    [
+        pytest.param("a b", " a b a", 2, id="string"),
+        pytest.param(["x y z", "ignored"], " x y z", 3, id="list-of-strings"),
+        pytest.param([7, 8], " 7 8 7", 2, id="token-ids"),
+        pytest.param([[5], [6, 6]], " 5 5 5", 1, id="list-of-token-id-lists"),
+        pytest.param("", " ok ok ok", 0, id="empty"),
+    ],
+)
+async def test_text_completion_accepts_every_prompt_shape(
+    engine: MockEngine,
+    session: aiohttp.ClientSession,
+    prompt: Any,
+    text: str,
+    num_prompt_tokens: int,
+) -> None:
+    body = {"model": OTHER_MODEL, "prompt": prompt, "max_tokens": 3}
+    status, got = await post_json(session, engine, TEXT, body)
+
+    assert status == 200
+    assert got["id"].startswith("cmpl-")
+    assert got["object"] == "text_completion"
+    assert got["model"] == OTHER_MODEL
+    assert got["choices"] == [
+        {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+    ]
+    assert got["usage"]["prompt_tokens"] == num_prompt_tokens
+    assert got["usage"]["total_tokens"] == num_prompt_tokens + 3
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("limits", "num_tokens", "finish_reason"),
+    [
+        pytest.param({}, CONFIG.default_max_tokens, "stop", id="engine-default"),
+        pytest.param({"max_tokens": 2}, 2, "length", id="max_tokens"),
+        pytest.param(
+            {"max_tokens": 2, "max_completion_tokens": 6}, 6, "length", id="max_completion_tokens"
+        ),
+    ],
+)
+async def test_output_length_follows_the_client_limit(
+    engine: MockEngine,
+    session: aiohttp.ClientSession,
+    limits: dict[str, int],
+    num_tokens: int,
+    finish_reason: str,
+) -> None:
+    _, body = await post_json(session, engine, CHAT, chat_body("w", unknown_field=[1], **limits))
+
+    assert body["choices"][0]["message"]["content"] == " w" * num_tokens
+    assert body["choices"][0]["finish_reason"] == finish_reason
+    assert body["usage"]["completion_tokens"] == num_tokens
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("include_usage", [False, True], ids=["no-usage", "include-usage"])
+async def test_chat_stream_sends_role_tokens_finish_and_done(
+    engine: MockEngine, session: aiohttp.ClientSession, include_usage: bool
+) -> None:
+    body = chat_body("p q", max_tokens=3, stream=True)
+    body["stream_options"] = {"include_usage": include_usage}
+    events = await post_stream(session, engine, CHAT, body)
+
+    assert events[-1] == b"[DONE]"
+    chunks = [orjson.loads(event) for event in events[:-1]]
+    assert len({chunk["id"] for chunk in chunks}) == 1
+    assert chunks[0]["id"].startswith("chatcmpl-")
+    assert {chunk["object"] for chunk in chunks} == {"chat.completion.chunk"}
+    deltas = [(c["choices"][0]["delta"], c["choices"][0]["finish_reason"]) for c in chunks[:5]]
+    assert deltas == [
+        ({"role": "assistant", "content": ""}, None),
+        ({"content": " p"}, None),
+        ({"content": " q"}, None),
+        ({"content": " p"}, None),
+        ({}, "length"),
+    ]
+    if include_usage:
+        assert all(chunk["usage"] is None for chunk in chunks[:5])
+        assert chunks[5]["choices"] == []
+        assert chunks[5]["usage"]["total_tokens"] == 4 + 3
+        assert len(chunks) == 6
+    else:
+        assert all("usage" not in chunk for chunk in chunks)
+        assert len(chunks) == 5
+
+
+@pytest.mark.asyncio
+async def test_text_stream_sends_one_event_per_token(
+    engine: MockEngine, session: aiohttp.ClientSession
+) -> None:
+    body = {"model": MODEL, "prompt": "a b", "max_tokens": 3, "stream": True}
+    events = await post_stream(session, engine, TEXT, body)
+
+    chunks = [orjson.loads(event) for event in events[:-1]]
+    assert events[-1] == b"[DONE]"
+    assert {chunk["object"] for chunk in chunks} == {"text_completion"}
+    texts = [(c["choices"][0]["text"], c["choices"][0]["finish_reason"]) for c in chunks]
+    assert texts == [(" a", None), (" b", None), (" a", None), ("", "length")]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("path", "raw_body", "status", "param", "code"),
+    [
+        pytest.param(CHAT, b"{not json", 400, None, None, id="malformed-json"),
+        pytest.param(CHAT, b"[1, 2]", 400, None, None, id="not-an-object"),
+        pytest.param(CHAT, {"messages": []}, 400, "model", None, id="missing-model"),
+        pytest.param(
+            CHAT, chat_body() | {"model": "gpt-9"}, 404, "model", "model_not_found", id="bad-model"
+        ),
+        pytest.param(CHAT, {"model": MODEL}, 400, "messages", None, id="missing-messages"),
+        pytest.param(CHAT, {"model": MODEL, "messages": ["hi"]}, 400, "messages", None, id="msg"),
+        pytest.param(TEXT, {"model": MODEL}, 400, "prompt", None, id="missing-prompt"),
+        pytest.param(TEXT, {"model": MODEL, "prompt": [1, "a"]}, 400, "prompt", None, id="mixed"),
+        pytest.param(CHAT, chat_body(stream="yes"), 400, "stream", None, id="stream-not-bool"),
+        pytest.param(CHAT, chat_body(max_tokens=0), 400, "max_tokens", None, id="max-tokens-0"),
+        pytest.param(CHAT, chat_body(mock=[1]), 400, "mock", None, id="mock-not-object"),
+        pytest.param(CHAT, chat_body(mock={"status": 200}), 400, "mock", None, id="mock-200"),
+        pytest.param(CHAT, chat_body(mock={"hang_ms": "1"}), 400, "mock", None, id="mock-hang"),
+    ],
+)
+async def test_invalid_requests_get_openai_errors(
+    engine: MockEngine,
+    session: aiohttp.ClientSession,
+    path: str,
+    raw_body: bytes | dict[str, Any],
+    status: int,
+    param: str | None,
+    code: str | None,
+) -> None:
+    data = raw_body if isinstance(raw_body, bytes) else orjson.dumps(raw_body)
+    async with session.post(engine.url + path, data=data) as resp:
+        body = await resp.json()
+
+    assert resp.status == status
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["type"] == "invalid_request_error"
+    assert (body["error"]["param"], body["error"]["code"]) == (param, code)
+    assert body["error"]["message"]
+    assert engine.stats.requests_completed == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("status", "error_type"),
+    [
+        pytest.param(429, "rate_limit_error", id="429"),
+        pytest.param(500, "server_error", id="500"),
+        pytest.param(503, "server_error", id="503"),
+    ],
+)
+@pytest.mark.parametrize("is_stream", [False, True], ids=["whole", "stream"])
+async def test_mock_status_injects_an_error(
+    engine: MockEngine,
+    session: aiohttp.ClientSession,
+    status: int,
+    error_type: str,
+    is_stream: bool,
+) -> None:
+    body = chat_body(stream=is_stream, mock={"status": status})
+    got_status, got = await post_json(session, engine, CHAT, body)
+
+    assert got_status == status
+    assert got["error"]["type"] == error_type
+    assert got["error"]["code"] == "mock_injected"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("die_after_chunks", "num_events"),
+    [
+        pytest.param(0, 0, id="after-headers"),
+        pytest.param(2, 2, id="mid-stream"),
+        pytest.param(99, 6, id="before-done"),
+    ],
+)
+async def test_die_after_chunks_cuts_the_stream(
+    engine: MockEngine, session: aiohttp.ClientSession, die_after_chunks: int, num_events: int
+) -> None:
+    body = chat_body(max_tokens=4, stream=True, mock={"die_after_chunks": die_after_chunks})
+    events: list[bytes] = []
+    with pytest.raises(aiohttp.ClientPayloadError):
+        async with session.post(engine.url + CHAT, json=body) as resp:
+            assert resp.status == 200
+            async for line in resp.content:
+                if line.startswith(b"data: "):
+                    events.append(line)
+
+    assert len(events) == num_events
+    assert b"data: [DONE]\n" not in events
+    await wait_until(lambda stats: stats.in_flight == 0, engine.stats)
+    assert engine.stats.requests_aborted == 1
+
+
+@pytest.mark.asyncio
+async def test_die_after_chunks_drops_a_whole_response_before_any_byte(
+    engine: MockEngine, session: aiohttp.ClientSession
+) -> None:
+    body = chat_body(mock={"die_after_chunks": 0})
+    with pytest.raises(aiohttp.ServerDisconnectedError):
+        await post_json(session, engine, CHAT, body)
+    assert engine.stats.requests_aborted == 1
+
+
+@pytest.mark.asyncio
+async def test_hang_delays_headers_and_counts_as_waiting(
+    engine: MockEngine, session: aiohttp.ClientSession
+) -> None:
+    body = chat_body(mock={"hang_ms": 300})
+    started_s = time.monotonic()
+    request = asyncio.create_task(post_json(session, engine, CHAT, body))
+    await wait_until(lambda stats: stats.num_waiting_by_model.get(MODEL) == 1, engine.stats)
+    async with session.get(engine.url + "/metrics") as resp:
+        metrics = await resp.text()
+    status, _ = await request
+
+    assert status == 200
+    assert time.monotonic() - started_s >= 0.3
+    assert f'vllm:num_requests_waiting{{model_name="{MODEL}"}} 1\n' in metrics
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("source", "first_token_delay_ms", "token_delay_ms"),
+    [
+        pytest.param("config", 120.0, 40.0, id="config"),
+        pytest.param("request", 150.0, 30.0, id="request-overrides-config"),
+    ],
+)
+async def test_stream_paces_first_token_and_later_tokens(
+    session: aiohttp.ClientSession, source: str, first_token_delay_ms: float, token_delay_ms: float
+) -> None:
+    config = MockEngineConfig(first_token_delay_ms=1, token_delay_ms=1)
+    body = chat_body(max_tokens=4, stream=True)
+    if source == "config":
+        config = MockEngineConfig(
+            first_token_delay_ms=first_token_delay_ms, token_delay_ms=token_delay_ms
+        )
+    else:
+        body["mock"] = {
+            "first_token_delay_ms": first_token_delay_ms,
+            "token_delay_ms": token_delay_ms,
+        }
+    arrivals_s: list[float] = []
+    async with await start(config) as engine:
+        started_s = time.monotonic()
+        async with session.post(engine.url + CHAT, json=body) as resp:
+            async for line in resp.content:
+                if line.startswith(b"data: {"):
+                    arrivals_s.append(time.monotonic() - started_s)
+
+    first_content_s = arrivals_s[1]  # after the role chunk
+    gaps_s = [later - earlier for earlier, later in zip(arrivals_s[1:5], arrivals_s[2:5])]
+    assert first_content_s >= first_token_delay_ms / 1000
+    assert min(gaps_s) >= token_delay_ms / 1000 * 0.9
+    assert max(gaps_s) < first_token_delay_ms / 1000  # no first-token delay repeated
+
+
+@pytest.mark.asyncio
+async def test_whole_response_waits_first_token_plus_every_token(
+    engine: MockEngine, session: aiohttp.ClientSession
+) -> None:
+    body = chat_body(max_tokens=3, mock={"first_token_delay_ms": 100, "token_delay_ms": 50})
+    started_s = time.monotonic()
+    status, _ = await post_json(session, engine, CHAT, body)
+
+    assert status == 200
+    assert time.monotonic() - started_s >= 0.25
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("is_stream", [False, True], ids=["whole", "stream"])
+async def test_client_going_away_is_counted_as_cancelled(
+    engine: MockEngine, is_stream: bool
+) -> None:
+    body = chat_body(stream=is_stream, max_tokens=50, mock={"token_delay_ms": 200})
+    async with aiohttp.ClientSession() as session:
+
+        async def read_all() -> None:
+            async with session.post(engine.url + CHAT, json=body) as resp:
+                await resp.read()
+
+        request = asyncio.create_task(read_all())
+        await wait_until(lambda stats: stats.num_running_by_model.get(MODEL) == 1, engine.stats)
+        await asyncio.sleep(0.05)  # a streamed response is under way by now
+        request.cancel()  # the client gives up and drops its connection
+        with contextlib.suppress(asyncio.CancelledError):
+            await request
+
+    await wait_until(lambda stats: stats.in_flight == 0, engine.stats)
+    assert engine.stats.requests_cancelled == 1
+    assert engine.stats.requests_completed == 0
+    assert engine.stats.num_running_by_model[MODEL] == 0
+
+
+@pytest.mark.asyncio
+async def test_models_health_and_metrics(
+    engine: MockEngine, session: aiohttp.ClientSession
+) -> None:
+    await post_json(session, engine, CHAT, chat_body(max_tokens=1))
+    async with session.get(engine.url + "/v1/models") as resp:
+        models = await resp.json()
+    async with session.get(engine.url + "/health") as resp:
+        health = (resp.status, await resp.json())
+    async with session.get(engine.url + "/metrics") as resp:
+        metrics_type = resp.headers["Content-Type"]
+        metric_lines = (await resp.text()).splitlines()
+
+    assert models["object"] == "list"
+    assert [(m["id"], m["object"], m["owned_by"]) for m in models["data"]] == [
+        (MODEL, "model", "switchyard"),
+        (OTHER_MODEL, "model", "switchyard"),
+    ]
+    assert all(isinstance(m["created"], int) for m in models["data"])
+    assert health == (200, {"status": "ok"})
+    assert metrics_type.startswith("text/plain")
+    assert "# TYPE vllm:num_requests_running gauge" in metric_lines
+    assert "# TYPE vllm:request_success_total counter" in metric_lines
+    assert f'vllm:num_requests_running{{model_name="{OTHER_MODEL}"}} 0' in metric_lines
+    success = f'vllm:request_success_total{{finished_reason="length",model_name="{MODEL}"}} 1'
+    assert success in metric_lines
+
+
+@pytest.mark.asyncio
+async def test_mock_stats_reports_the_last_request_and_reset_zeroes_it(
+    engine: MockEngine, session: aiohttp.ClientSession
+) -> None:
+    body = chat_body(max_tokens=1, user="u-7")
+    async with session.post(engine.url + CHAT, json=body, headers={"X-Trace-Id": "t-1"}):
+        pass
+    async with session.get(engine.url + "/mock/stats") as resp:
+        stats = await resp.json()
+    async with session.post(engine.url + "/mock/reset") as resp:
+        assert resp.status == 200
+    async with session.get(engine.url + "/mock/stats") as resp:
+        after_reset = await resp.json()
+
+    assert stats["last_headers"]["x-trace-id"] == "t-1"
+    assert stats["last_body"] == body
+    assert {key: stats[key] for key in ("requests_started", "requests_completed", "in_flight")} == {
+        "requests_started": 1,
+        "requests_completed": 1,
+        "in_flight": 0,
+    }
+    assert after_reset["requests_started"] == 0
+    assert after_reset["requests_completed"] == 0
+    assert after_reset["last_body"] is None
+
+
+@pytest.mark.asyncio
+async def test_server_sockets_have_tcp_nodelay(
+    engine: MockEngine, session: aiohttp.ClientSession
+) -> None:
+    await post_json(session, engine, CHAT, chat_body(max_tokens=1))  # keeps one connection open
+    server = engine._runner.server
+    assert server is not None and server.connections
+    for handler in server.connections:
+        assert handler.transport is not None
+        sock = handler.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+@pytest.mark.asyncio
+async def test_openai_async_sdk_streams(engine: MockEngine) -> None:
+    client = openai.AsyncOpenAI(base_url=engine.url + "/v1", api_key="unused", max_retries=0)
+    async with client:
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "one two"}],
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == " one two one"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+
+
+def test_cli_serves_the_openai_sync_sdk_and_stops_on_sigterm() -> None:
+    command = [sys.executable, "-m", "backends.mock", "--port", "0", "--model", "m1"]
+    command += ["--model", "m2", "--token-delay-ms", "1"]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline().strip()
+        assert line.startswith("mock engine listening on http://127.0.0.1:")
+        client = openai.OpenAI(base_url=line.split()[-1] + "/v1", api_key="unused", max_retries=0)
+
+        completion = client.completions.create(model="m2", prompt="a b c", max_tokens=4)
+        stream = client.chat.completions.create(
+            model="m1", messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True
+        )
+        streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="m3", prompt="a")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+    assert completion.choices[0].text == " a b c a"
+    assert completion.usage is not None and completion.usage.prompt_tokens == 3
+    assert streamed == " x x"
