@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import signal
 import socket
 import subprocess
@@ -353,7 +354,7 @@ async def test_stream_paces_first_token_and_later_tokens(
                     arrivals_s.append(time.monotonic() - started_s)
 
     first_content_s = arrivals_s[1]  # after the role chunk
-    gaps_s = [later - earlier for earlier, later in zip(arrivals_s[1:5], arrivals_s[2:5])]
+    gaps_s = [later - earlier for earlier, later in itertools.pairwise(arrivals_s[1:5])]
     assert first_content_s >= first_token_delay_ms / 1000
     assert min(gaps_s) >= token_delay_ms / 1000 * 0.9
     assert max(gaps_s) < first_token_delay_ms / 1000  # no first-token delay repeated
@@ -484,26 +485,28 @@ async def test_openai_async_sdk_streams(engine: MockEngine) -> None:
 def test_cli_serves_the_openai_sync_sdk_and_stops_on_sigterm() -> None:
     command = [sys.executable, "-m", "backends.mock", "--port", "0", "--model", "m1"]
     command += ["--model", "m2", "--token-delay-ms", "1"]
-    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline().strip()
-        assert line.startswith("mock engine listening on http://127.0.0.1:")
-        client = openai.OpenAI(base_url=line.split()[-1] + "/v1", api_key="unused", max_retries=0)
-
-        completion = client.completions.create(model="m2", prompt="a b c", max_tokens=4)
-        stream = client.chat.completions.create(
-            model="m1", messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True
-        )
-        streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
-        with pytest.raises(openai.NotFoundError):
-            client.completions.create(model="m3", prompt="a")
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=10) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    with subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True) as process:
+        try:
+            assert process.stdout is not None
+            line = process.stdout.readline().strip()
+            assert line.startswith("mock engine listening on http://127.0.0.1:")
+            base_url = line.split()[-1] + "/v1"
+            with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+                completion = client.completions.create(model="m2", prompt="a b c", max_tokens=4)
+                stream = client.chat.completions.create(
+                    model="m1",
+                    messages=[{"role": "user", "content": "x"}],
+                    max_tokens=2,
+                    stream=True,
+                )
+                streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
+                with pytest.raises(openai.NotFoundError):
+                    client.completions.create(model="m3", prompt="a")
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=10) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
 
     assert completion.choices[0].text == " a b c a"
     assert completion.usage is not None and completion.usage.prompt_tokens == 3
