@@ -130,20 +130,41 @@ class Settings(_Strict):
 
     @_model_validator(mode="after")
     def _check_references(self) -> Settings:
-        names = [b.name for b in self.backends]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"backend names must be unique; repeated: {', '.join(dupes)}")
-        tier_names = [t.name for t in self.tiers]
-        if self.default_tier not in tier_names:
-            raise ValueError(
-                f"default_tier {self.default_tier!r} is not one of the tiers: {tier_names}"
-            )
+        problems = _cross_field_problems(self.model_dump())
+        if problems:
+            raise ValueError("; ".join(message for _, message in problems))
         return self
 
     @property
     def tier_names(self) -> list[str]:
         return [t.name for t in self.tiers]
+
+
+def _cross_field_problems(data: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    """Checks across fields, run on raw data too so they are reported with field errors."""
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    backends = data.get("backends")
+    if isinstance(backends, list):
+        seen: set[str] = set()
+        for index, backend in enumerate(backends):
+            name = backend.get("name") if isinstance(backend, dict) else None
+            if isinstance(name, str) and name in seen:
+                problems.append((("backends", index, "name"),
+                                 f"backend names must be unique; {name!r} is repeated"))
+            if isinstance(name, str):
+                seen.add(name)
+    tiers = data.get("tiers")
+    if tiers is None:
+        tier_names = [t.name for t in default_tiers()]
+    elif isinstance(tiers, list):
+        tier_names = [str(t.get("name")) for t in tiers if isinstance(t, dict)]
+    else:
+        return problems
+    default_tier = data.get("default_tier", "standard")
+    if default_tier not in tier_names:
+        problems.append((("default_tier",),
+                         f"{default_tier!r} is not one of the tiers: {tier_names}"))
+    return problems
 
 
 class ConfigError(Exception):
@@ -195,7 +216,12 @@ def load_settings(path: str | Path | None, environ: Mapping[str, str] | None = N
                 where = f"{source}:{lines.get(loc, lines.get(loc[:-1]))}: {where}"
             else:
                 where = f"{source}: {where or '<top level>'}"
+            if not loc:  # a cross-field check: reported below with its own location
+                continue
             problems.append((where, err["msg"]))
+        for loc, message in _cross_field_problems(data):
+            problems.append((f"{source}:{lines[loc]}: {_format_loc(loc)}" if loc in lines
+                             else f"{source}: {_format_loc(loc)}", message))
         raise ConfigError(problems) from exc
 
 

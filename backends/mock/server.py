@@ -125,9 +125,9 @@ async def _stream(
 ) -> tuple[web.StreamResponse, Outcome]:
     die_after_chunks = req.controls.die_after_chunks
     response = web.StreamResponse(headers=SSE_HEADERS)
-    await response.prepare(request)
     plan = stream_plan(req, _completion_id(req), int(time.time()))
     try:
+        await response.prepare(request)
         for num_chunks_sent, (delay_s, event) in enumerate(plan):
             if num_chunks_sent == die_after_chunks:
                 break

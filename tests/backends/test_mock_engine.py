@@ -101,6 +101,57 @@ async def test_chat_completion_echoes_last_user_message_cyclically(
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
+    ("messages", "content", "num_prompt_tokens"),
+    [
+        pytest.param(
+            [
+                {"role": "user", "content": "a b"},
+                {"role": "assistant", "content": "c"},
+                {"role": "user", "content": "d e"},
+            ],
+            " d e d",
+            5,
+            id="last-user-message",
+        ),
+        pytest.param(
+            [{"role": "user", "content": "a b"}, {"role": "assistant", "content": None}],
+            " a b a",
+            2,
+            id="user-before-assistant",
+        ),
+        pytest.param([{"role": "system", "content": "s t"}], " ok ok ok", 2, id="no-user"),
+        pytest.param(
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "p q"},
+                        {"type": "image_url", "image_url": {"url": "data:,"}},
+                    ],
+                }
+            ],
+            " p q p",
+            2,
+            id="content-parts",
+        ),
+    ],
+)
+async def test_chat_output_comes_from_the_last_user_message(
+    engine: MockEngine,
+    session: aiohttp.ClientSession,
+    messages: list[dict[str, Any]],
+    content: str,
+    num_prompt_tokens: int,
+) -> None:
+    body = {"model": MODEL, "messages": messages, "max_tokens": 3}
+    _, got = await post_json(session, engine, CHAT, body)
+
+    assert got["choices"][0]["message"]["content"] == content
+    assert got["usage"]["prompt_tokens"] == num_prompt_tokens
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
     ("prompt", "text", "num_prompt_tokens"),
     [
         pytest.param("a b", " a b a", 2, id="string"),
