@@ -14,11 +14,12 @@ from typing import Any
 
 import uvloop
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
 
-from gateway.app import create_app
+from gateway.app import create_app, new_request_id
 from gateway.context import GATEWAY
 from gateway.errors import error_body
 from gateway.settings import Settings
@@ -38,13 +39,20 @@ class _JsonErrorRequestHandler(RequestHandler):
     ) -> web.StreamResponse:
         self.log_debug("bad request from %s: %s", request.remote, exc)
         reason = "the request could not be parsed as HTTP"
-        if status != 500 and message:
-            reason = f"{reason}: {message.splitlines()[0][:200]}"
+        if isinstance(exc, LineTooLong):
+            # its message quotes the client's bytes; say what to change instead
+            reason = f"{reason}: a request or header line is longer than {exc.args[1]} bytes"
+        elif status != 500 and message:
+            reason = f"{reason}: {message.splitlines()[0][:200].rstrip(' :.')}"
         kind = "invalid_request_error" if status < 500 else "server_error"
         response = web.Response(
             status=status,
-            body=error_body(f"Bad request: {reason}.", kind, "invalid_http"),
+            body=error_body(
+                f"Bad request: {reason}. Send well-formed HTTP/1.1: 'Name: value' header "
+                "lines, with no CR, LF or NUL inside a value.", kind, "invalid_http",
+            ),
             content_type="application/json",
+            headers={"x-request-id": new_request_id()},  # like every other response
         )
         response.force_close()
         return response
