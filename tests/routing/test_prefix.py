@@ -20,7 +20,7 @@ from routing.prefix import (
     ("a", "b", "block_size", "shared"),
     [
         pytest.param(list(range(10)), list(range(10)), 4, 2, id="identical-2-full-blocks"),
-        pytest.param(list(range(8)) + [99], list(range(8)) + [7], 4, 2, id="differ-in-tail"),
+        pytest.param([*range(8), 99], [*range(8), 7], 4, 2, id="differ-in-tail"),
         pytest.param([0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 9, 4, 5, 6, 7], 4, 0,
                      id="first-block-differs-so-all-differ"),
         pytest.param([0, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 4, 5, 6, 8], 4, 1,
