@@ -1,0 +1,119 @@
+"""One request as the simulated engine sees it: prompt, progress, KV blocks, timings.
+
+Progress follows vLLM's unified model: a sequence has ``num_tokens`` tokens (prompt plus
+outputs so far) of which ``num_computed_tokens`` have KV in the cache. A step computes some
+of the rest; once all are computed the step also samples one new output token. A decode is
+the case where exactly one token (the last output) is left to compute.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+from routing.prefix import token_block_hashes
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # back in the waiting queue; its KV was dropped, to be recomputed
+    FINISHED = "finished"
+
+
+class Sequence:
+    """A request inside one worker; the scheduler and block manager mutate it.
+
+    ``stop_after_tokens`` makes the simulated model emit end-of-sequence after that many
+    output tokens (finish reason ``"stop"``); otherwise it runs to ``max_tokens``
+    (``"length"``). Prompt block hashes come from ``routing.prefix``, computed once.
+
+    Example::
+
+        seq = Sequence("req-1", [1, 2, 3, 4, 5], max_tokens=8, arrival_time_s=0.0,
+                       model="llama-3-8b", block_size=2)
+        len(seq.block_hashes)   # 2 full blocks
+        seq.num_uncomputed_tokens  # 5
+    """
+
+    def __init__(
+        self,
+        seq_id: str,
+        prompt_token_ids: Iterable[int],
+        max_tokens: int,
+        arrival_time_s: float,
+        *,
+        model: str,
+        block_size: int,
+        cache_salt: str | None = None,
+        stop_after_tokens: int | None = None,
+    ) -> None:
+        self.seq_id = seq_id
+        self.prompt_token_ids: tuple[int, ...] = tuple(prompt_token_ids)
+        if not self.prompt_token_ids:
+            raise ValueError(f"sequence {seq_id!r}: the prompt must have at least one token")
+        if max_tokens < 1:
+            raise ValueError(f"sequence {seq_id!r}: max_tokens must be >= 1, got {max_tokens}")
+        if stop_after_tokens is not None and stop_after_tokens < 1:
+            raise ValueError(f"sequence {seq_id!r}: stop_after_tokens must be >= 1")
+        self.max_tokens = max_tokens
+        self.stop_after_tokens = stop_after_tokens
+        self.arrival_time_s = arrival_time_s
+        self.block_size = block_size
+        self.block_hashes: tuple[int, ...] = tuple(
+            token_block_hashes(self.prompt_token_ids, block_size, model, cache_salt))
+
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_output_tokens = 0
+        self.num_cached_tokens = 0  # prefix-cache hit at the latest admission
+        self.num_hashed_blocks = 0  # leading blocks of block_table whose hash is registered
+        self.num_preemptions = 0
+        self.block_table: list[int] = []
+        self.first_scheduled_time_s: float | None = None
+        self.first_token_time_s: float | None = None
+        self.finish_time_s: float | None = None
+        self.finish_reason: str | None = None
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.seq_id!r}, {self.status.value}, "
+                f"computed={self.num_computed_tokens}/{self.num_tokens}, "
+                f"out={self.num_output_tokens}/{self.max_tokens})")
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_max_tokens(self) -> int:
+        """Prompt plus every output token it may produce: its KV footprint at the end."""
+        return self.num_prompt_tokens + self.max_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_output_tokens > 0 and self.num_uncomputed_tokens == 1
+
+    @property
+    def num_queued_prefill_tokens(self) -> int:
+        """Tokens still to prefill (0 while decoding); a preempted sequence recomputes all."""
+        return 0 if self.is_decoding else self.num_uncomputed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def finish_reason_now(self) -> str | None:
+        """Why it stops after its latest token, or None. Length wins over stop, as in vLLM."""
+        if self.num_output_tokens >= self.max_tokens:
+            return "length"
+        if self.stop_after_tokens is not None and self.num_output_tokens >= self.stop_after_tokens:
+            return "stop"
+        return None
