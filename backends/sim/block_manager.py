@@ -95,6 +95,10 @@ class BlockManager:
         """Blocks whose hash is registered, in use or free."""
         return len(self._block_of_hash)
 
+    def resident_hashes(self) -> list[int]:
+        """Every registered block hash (what a KV snapshot advertises)."""
+        return list(self._block_of_hash)
+
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
