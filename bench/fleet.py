@@ -1,4 +1,5 @@
-"""A benchmark fleet: a private redis-server, one mock engine and one gateway process.
+"""A benchmark fleet: a private redis-server, one mock engine, one gateway process, and a bare
+pass-through proxy (`bench.bare_proxy`) in front of the same engine as the floor to compare with.
 
 Example::
 
@@ -30,6 +31,8 @@ class BenchFleet:
     engine_pid: int
     gateway_url: str
     gateway_pid: int
+    floor_url: str
+    floor_pid: int
     api_key: str
     model: str = MODEL
 
@@ -55,6 +58,13 @@ def bench_fleet(workdir: Path, model: str = MODEL) -> Iterator[BenchFleet]:
                                          "--model", model),
         )
         wait_http(engine_url + "/health", group=group)
+        floor_port = free_port()
+        floor = group.spawn(
+            "bare-proxy", python_module_argv("bench.bare_proxy", "--port", str(floor_port),
+                                             "--upstream", engine_url),
+        )
+        floor_url = f"http://127.0.0.1:{floor_port}"
+        wait_http(floor_url + "/health", group=group)
         admin_token = secrets.token_urlsafe(24)
         gateway_port = free_port()
         config: dict[str, Any] = {
@@ -74,11 +84,12 @@ def bench_fleet(workdir: Path, model: str = MODEL) -> Iterator[BenchFleet]:
         try:
             wait_http(gateway_url + "/readyz", group=group)
         except RuntimeError as exc:
-            raise RuntimeError(f"{exc}\n--- gateway log ---\n{_tail(workdir / 'gateway.log')}")
+            log_tail = _tail(workdir / "gateway.log")
+            raise RuntimeError(f"{exc}\n--- gateway log ---\n{log_tail}") from None
         yield BenchFleet(
             engine_url=engine_url, engine_pid=engine.pid, gateway_url=gateway_url,
-            gateway_pid=gateway.pid, api_key=_new_key(gateway_url, admin_token, model),
-            model=model,
+            gateway_pid=gateway.pid, floor_url=floor_url, floor_pid=floor.pid,
+            api_key=_new_key(gateway_url, admin_token, model), model=model,
         )
     finally:
         group.stop_all(grace_s=5)

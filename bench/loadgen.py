@@ -28,7 +28,7 @@ import aiohttp
 import orjson
 import uvloop
 
-from bench.procstat import cpu_seconds_of
+from bench.procstat import busy_cpu_seconds, cpu_seconds_of
 from bench.stats import percentile
 
 Mode = Literal["closed", "open"]
@@ -71,6 +71,7 @@ class LoadResult:
     latencies_ms: list[float] = field(default_factory=list)
     lags_ms: list[float] = field(default_factory=list)
     cpu_s: dict[str, float] = field(default_factory=dict)
+    machine_busy_cpu_s: float = 0.0  # every process on the machine, for spotting noise
     first_error: str = ""
 
     def record_error(self, reason: str) -> None:
@@ -89,18 +90,24 @@ class LoadResult:
             "p99_ms": percentile(lat, 0.99),
             "lag_p99_ms": percentile(self.lags_ms, 0.99) if self.lags_ms else 0.0,
             "cpu_s": self.cpu_s,
+            "machine_busy_cpu_s": self.machine_busy_cpu_s,
             "first_error": self.first_error,
             "latencies_ms": [round(x, 4) for x in lat],
         }
 
 
-def chat_body(model: str, max_tokens: int, *, is_stream: bool = False) -> bytes:
-    return orjson.dumps({
+def chat_body(model: str, max_tokens: int, *, is_stream: bool = False,
+              token_delay_ms: float | None = None) -> bytes:
+    """A chat request; ``token_delay_ms`` paces the mock engine (its per-request control)."""
+    body: dict[str, Any] = {
         "model": model,
         "messages": [{"role": "user", "content": PROMPT}],
         "max_tokens": max_tokens,
         "stream": is_stream,
-    })
+    }
+    if token_delay_ms is not None:
+        body["mock"] = {"token_delay_ms": token_delay_ms}
+    return orjson.dumps(body)
 
 
 def json_headers(api_key: str | None) -> dict[str, str]:
@@ -194,6 +201,7 @@ async def run_load(spec: LoadSpec) -> LoadResult:
         result = LoadResult()
         watched_before = cpu_seconds_of(spec.watch)
         own_before = _own_cpu_s()
+        machine_before = busy_cpu_seconds()
         started = time.perf_counter()
         if spec.mode == "closed":
             await _closed_loop(client, result, spec.concurrency, spec.num_requests,
@@ -204,6 +212,7 @@ async def run_load(spec: LoadSpec) -> LoadResult:
         watched_after = cpu_seconds_of(spec.watch)
         result.cpu_s = {name: watched_after[name] - watched_before[name] for name in spec.watch}
         result.cpu_s["loadgen"] = _own_cpu_s() - own_before
+        result.machine_busy_cpu_s = busy_cpu_seconds() - machine_before
     return result
 
 
@@ -225,6 +234,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="switchyard-mock")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--stream", action="store_true", help="ask for SSE streams")
+    parser.add_argument("--token-delay-ms", type=float, help="mock engines only: pace tokens")
     parser.add_argument("--mode", choices=("closed", "open"), default="closed")
     parser.add_argument("--concurrency", type=int, default=32, help="closed loop: in flight")
     parser.add_argument("--requests", type=int, help="closed loop: measured requests")
@@ -242,7 +252,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     spec = LoadSpec(
-        url=args.url, body=chat_body(args.model, args.max_tokens, is_stream=args.stream),
+        url=args.url, body=chat_body(args.model, args.max_tokens, is_stream=args.stream,
+                                     token_delay_ms=args.token_delay_ms),
         headers=json_headers(args.key), mode=args.mode, concurrency=args.concurrency,
         num_requests=args.requests, duration_s=args.duration, rate_per_s=args.rate,
         arrivals=args.arrivals, is_stream=args.stream, num_warmup=args.warmup, seed=args.seed,

@@ -32,3 +32,15 @@ def cpu_seconds(pid: int) -> float:
 
 def cpu_seconds_of(pids: dict[str, int]) -> dict[str, float]:
     return {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds all processes on the machine have used (all cores), from /proc/stat.
+
+    Compared with the watched processes' share, it shows how much other work (noise) ran.
+    """
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    idle, iowait = fields[3], fields[4] if len(fields) > 4 else 0
+    # user nice system idle iowait irq softirq steal [guest guest_nice: already in user]
+    return (sum(fields[:8]) - idle - iowait) / CLOCK_TICKS_PER_S

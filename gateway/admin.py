@@ -143,6 +143,12 @@ async def update_tenant(request: web.Request) -> web.Response:
     gw = _admin(request)
     tenant_id = request.match_info["tenant_id"]
     body: TenantUpdate = await _body(request, TenantUpdate)
+    for field in sorted(body.model_fields_set):
+        if getattr(body, field) is None:  # a stored null would break the tenant record
+            raise APIError.bad_request(
+                f"Invalid '{field}': it may not be null; leave it out to keep its value.",
+                param=field,
+            )
     _check_tier(gw, body.tier)
     changes = body.model_dump(exclude_unset=True, exclude={"limits"})
     if body.limits is not None:

@@ -128,7 +128,7 @@ def _request_for(command: str, args: argparse.Namespace) -> tuple[str, str, Any]
         return "DELETE", f"/admin/tenants/{args.tenant_id}", None
     if action == "create":
         body = {"tenant_id": args.tenant, "name": args.name}
-        if args.expires_in_s:
+        if args.expires_in_s is not None:  # 0 is an error, not "never expires"
             body["expires_in_s"] = args.expires_in_s
         if args.tier:
             body["tier"] = args.tier

@@ -69,7 +69,8 @@ async def run_until_signalled(settings: Settings, *, ready_line: bool = True) ->
         app,
         handler_cancellation=True,
         access_log=None,
-        shutdown_timeout=settings.drain_timeout_s,
+        # aiohttp reads a timeout of 0 as "wait forever"; drain_timeout_s 0 means "cancel at once".
+        shutdown_timeout=max(settings.drain_timeout_s, 0.001),
         handle_signals=False,
     )
     await runner.setup()
