@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin_client.register(sub)
     sub.add_parser("mock-engine", help="run the placeholder OpenAI-compatible engine",
                    add_help=False)
+    sub.add_parser("sim", help="run simulated GPU engine workers", add_help=False)
     return parser
 
 
@@ -36,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
         from backends.mock.cli import main as mock_main
 
         return mock_main(argv[1:])
+    if argv and argv[0] == "sim":
+        from backends.sim.cli import main as sim_main
+
+        return sim_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         try:

@@ -32,6 +32,27 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def free_port_range(count: int, host: str = "127.0.0.1", attempts: int = 50) -> int:
+    """A base port such that ``base .. base + count - 1`` are all free right now."""
+    for _ in range(attempts):
+        base = free_port(host)
+        if base + count > 65535:
+            continue
+        socks = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(sock)
+                sock.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports on {host}")
+
+
 class ProcessGroup:
     """Children started in order and stopped in reverse: SIGTERM, then SIGKILL after a grace."""
 

@@ -16,19 +16,32 @@ from types import FrameType
 import httpx
 import yaml
 
-from gateway.localproc import ProcessGroup, free_port, python_module_argv, start_redis, wait_http
+from gateway.localproc import (
+    ProcessGroup,
+    free_port,
+    free_port_range,
+    python_module_argv,
+    start_redis,
+    wait_http,
+)
 
-DEMO_MODEL = "switchyard-mock"
+SIM_MODEL = "switchyard-sim"
+MOCK_MODEL = "switchyard-mock"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="gateway listen address")
     parser.add_argument("--port", type=int, default=8080, help="gateway port")
     parser.add_argument("--redis-url", help="use this Redis instead of starting a private one")
-    parser.add_argument("--workers", type=int, default=2, help="number of local engines")
-    parser.add_argument("--model", default=DEMO_MODEL, help="model name the engines serve")
+    parser.add_argument("--workers", type=int, default=4, help="number of local engines")
+    parser.add_argument("--engine", choices=("sim", "mock"), default="sim",
+                        help="simulated GPU workers (default) or the trivial mock engine")
+    parser.add_argument("--model", help="model name the engines serve "
+                        f"(default {SIM_MODEL} or {MOCK_MODEL})")
+    parser.add_argument("--tokenizer", choices=("real", "approx"), default="real",
+                        help="sim engines: the model's real tokenizer or a fast approximation")
     parser.add_argument("--token-delay-ms", type=float, default=20.0,
-                        help="simulated time per output token of the local engines")
+                        help="mock engines: time per output token")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,15 +56,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     with ProcessGroup(log_dir=workdir) as group:
         redis_url = args.redis_url or start_redis(group, workdir)
-        backends: list[dict[str, object]] = []
-        for index in range(args.workers):
-            port = free_port()
-            group.spawn(f"engine-{index}", python_module_argv(
-                "backends.mock", "--port", str(port), "--model", args.model,
-                "--token-delay-ms", str(args.token_delay_ms),
-            ))
-            backends.append({"name": f"engine-{index}", "url": f"http://127.0.0.1:{port}",
-                             "models": [args.model]})
+        model = args.model or (SIM_MODEL if args.engine == "sim" else MOCK_MODEL)
+        backends = _start_engines(group, args, model, redis_url)
         for backend in backends:
             wait_http(f"{backend['url']}/health", group=group)
         admin_token = secrets.token_urlsafe(24)
@@ -71,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         base = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}"
         wait_http(base + "/readyz", group=group)
         key = _demo_key(base, admin_token)
-        _print_banner(base, key, args.model, admin_token, workdir)
+        _print_banner(base, key, model, admin_token, workdir)
         while not stop_requested:
             if dead := group.dead_child():
                 print(f"\n{dead} stopped unexpectedly; logs in {workdir}. Shutting down.")
@@ -80,6 +86,27 @@ def run(args: argparse.Namespace) -> int:
         print("\nstopping the local fleet ...", flush=True)
     print("stopped.")
     return 0
+
+
+def _start_engines(
+    group: ProcessGroup, args: argparse.Namespace, model: str, redis_url: str
+) -> list[dict[str, object]]:
+    if args.engine == "sim":
+        base_port = free_port_range(args.workers)
+        group.spawn("sim", python_module_argv(
+            "backends.sim", "--workers", str(args.workers), "--base-port", str(base_port),
+            "--model", model, "--tokenizer", args.tokenizer, "--redis-url", redis_url,
+        ))
+        ports = list(range(base_port, base_port + args.workers))
+    else:
+        ports = [free_port() for _ in range(args.workers)]
+        for index, port in enumerate(ports):
+            group.spawn(f"engine-{index}", python_module_argv(
+                "backends.mock", "--port", str(port), "--model", model,
+                "--token-delay-ms", str(args.token_delay_ms),
+            ))
+    return [{"name": f"{args.engine}-{index}", "url": f"http://127.0.0.1:{port}",
+             "models": [model]} for index, port in enumerate(ports)]
 
 
 def _demo_key(base: str, admin_token: str) -> str:
