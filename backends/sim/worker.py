@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from backends.publisher import KvPublisher
 from backends.sim.core import SimEngineCore
 from backends.sim.profile import WorkerProfile
+from backends.sim.sequence import Sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +36,12 @@ class RequestHandle:
     """A submitted request: its token events as they are generated, and its timings."""
 
     __slots__ = ("_queue", "arrival_s", "finish_reason", "finish_s", "first_token_s",
-                 "num_cached_tokens", "num_output_tokens", "num_prompt_tokens", "seq_id")
+                 "num_cached_tokens", "num_output_tokens", "num_prompt_tokens", "seq", "seq_id")
 
-    def __init__(self, seq_id: str, num_prompt_tokens: int, arrival_s: float) -> None:
-        self.seq_id = seq_id
-        self.num_prompt_tokens = num_prompt_tokens
+    def __init__(self, seq: Sequence, arrival_s: float) -> None:
+        self.seq = seq
+        self.seq_id = seq.seq_id
+        self.num_prompt_tokens = seq.num_prompt_tokens
         self.arrival_s = arrival_s
         self.first_token_s: float | None = None
         self.finish_s: float | None = None
@@ -96,7 +98,7 @@ class SimWorker:
         """Queue a request; ValueError (with the reason) if this engine can never serve it."""
         now_s = asyncio.get_running_loop().time()
         seq = self.core.add_request(seq_id, prompt_ids, max_tokens, now_s, cache_salt=cache_salt)
-        handle = RequestHandle(seq_id, seq.num_prompt_tokens, now_s)
+        handle = RequestHandle(seq, now_s)
         self._handles[seq_id] = handle
         self.num_prompt_tokens_total += seq.num_prompt_tokens
         self._wakeup.set()
@@ -135,8 +137,7 @@ class SimWorker:
                     continue
                 if token.is_first:
                     handle.first_token_s = deadline_s
-                    seq = self.core.get(token.seq_id)
-                    handle.num_cached_tokens = seq.num_cached_tokens if seq else 0
+                    handle.num_cached_tokens = handle.seq.num_cached_tokens
                 handle.num_output_tokens = token.num_output_tokens
                 self.num_generation_tokens_total += 1
                 if token.finish_reason is not None:

@@ -1,0 +1,212 @@
+"""The simulated worker over HTTP: the official openai SDK, modelled timings, KV limits, the
+worker contract in Redis, and OpenAI errors for bad input. Real processes on loopback."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+import redis as redis_sync
+
+from backends.publisher import (
+    WORKERS_ZSET,
+    kv_snapshot_key,
+    kv_stream_key,
+    unpack_hashes,
+    worker_key,
+)
+from gateway.localproc import ProcessGroup, free_port_range, python_module_argv, wait_http
+from routing.prefix import token_block_hashes
+
+MODEL = "switchyard-sim"
+
+
+class SimFleet:
+    def __init__(self, group: ProcessGroup, tmp: Path, num_workers: int = 1,
+                 latency: dict[str, float] | None = None, **flags: Any) -> None:
+        self.base_port = free_port_range(num_workers)
+        argv = python_module_argv("backends.sim", "--workers", str(num_workers),
+                                  "--base-port", str(self.base_port), "--tokenizer", "real")
+        if latency is not None:
+            path = tmp / f"latency-{self.base_port}.json"
+            path.write_text(json.dumps(latency))
+            argv += ["--latency-json", str(path)]
+        for name, value in flags.items():
+            argv += ["--" + name.replace("_", "-"), str(value)]
+        self.process = group.spawn(f"sim-{self.base_port}", argv)
+        self.urls = [f"http://127.0.0.1:{self.base_port + i}" for i in range(num_workers)]
+        for url in self.urls:
+            wait_http(url + "/health", group=group)
+
+    def metrics(self, index: int = 0) -> dict[str, float]:
+        text = httpx.get(self.urls[index] + "/metrics").text
+        values = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                values[name.split("{")[0]] = float(value)
+        return values
+
+
+@pytest.fixture(scope="module")
+def fleet(procs: ProcessGroup, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
+    yield SimFleet(procs, tmp_path_factory.mktemp("sim"), num_workers=1)
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_openai_sdk_chat_and_completions_stream_and_not(fleet: SimFleet) -> None:
+    client = _client(fleet.urls[0])
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me about trains."}],
+        max_tokens=5,
+    )
+    assert chat.choices[0].finish_reason == "length"
+    assert chat.usage is not None and chat.usage.completion_tokens == 5
+    assert chat.usage.prompt_tokens > 10  # the chat template's default system prompt counts
+    text = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=3)
+    assert text.usage is not None and text.usage.completion_tokens == 3
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True,
+        stream_options={"include_usage": True},
+    ))
+    contents = [c.choices[0].delta.content for c in chunks
+                if c.choices and c.choices[0].delta.content]
+    assert len(contents) == 4
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+    assert client.models.list().data[0].id == MODEL
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        pytest.param({"model": MODEL, "prompt": "hi", "max_tokens": 9000}, 400, "prompt",
+                     id="longer-than-context"),
+        pytest.param({"model": MODEL, "prompt": "hi", "temperature": 7}, 400, "temperature",
+                     id="temperature-out-of-range"),
+        pytest.param({"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens",
+                     id="max-tokens-zero"),
+        pytest.param({"model": MODEL, "prompt": "hi", "n": 3}, 400, "n", id="n-above-one"),
+        pytest.param({"model": MODEL, "prompt": 5}, 400, "prompt", id="prompt-not-text"),
+        pytest.param({"model": "other", "prompt": "hi"}, 404, "model", id="unknown-model"),
+    ],
+)
+def test_bad_input_gets_an_openai_error(
+    fleet: SimFleet, body: dict[str, Any], status: int, param: str
+) -> None:
+    response = httpx.post(fleet.urls[0] + "/v1/completions", json=body)
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"]
+
+
+def _ttft_s(url: str, prompt_ids: list[int], max_tokens: int = 1) -> tuple[float, int]:
+    started = time.perf_counter()
+    with httpx.stream("POST", url + "/v1/completions", json={
+        "model": MODEL, "prompt": prompt_ids, "max_tokens": max_tokens, "stream": True,
+        "stream_options": {"include_usage": True},
+    }, timeout=30) as response:
+        ttft = None
+        cached = -1
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = orjson.loads(line[6:])
+            if ttft is None and chunk["choices"]:
+                ttft = time.perf_counter() - started
+            if chunk.get("usage"):
+                cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert ttft is not None
+    return ttft, cached
+
+
+def test_a_cached_prefix_lowers_ttft_by_the_modelled_amount(
+    procs: ProcessGroup, tmp_path: Path
+) -> None:
+    b_s_per_token = 100e-6
+    fleet = SimFleet(procs, tmp_path, latency={
+        "a_s": 0.005, "b_s_per_token": b_s_per_token, "c_s_per_seq": 0.0,
+        "d_s_per_kv_token": 0.0,
+    }, max_num_batched_tokens=8192)
+    prompt = [1000 + (i % 5000) for i in range(2048)]
+    cold, cold_cached = _ttft_s(fleet.urls[0], prompt)
+    warm, warm_cached = _ttft_s(fleet.urls[0], prompt)
+    assert cold_cached == 0
+    assert warm_cached == 2032  # all full blocks but the last, which is recomputed
+    modelled_drop_s = b_s_per_token * warm_cached
+    assert abs((cold - warm) - modelled_drop_s) <= 0.10 * modelled_drop_s, (cold, warm)
+
+
+def test_kv_capacity_limits_concurrency(procs: ProcessGroup, tmp_path: Path) -> None:
+    # 40 blocks of 16 tokens; each prompt needs 25, so only one request runs at a time.
+    fleet = SimFleet(procs, tmp_path, num_kv_blocks=40, latency={
+        "a_s": 0.01, "b_s_per_token": 0.0, "c_s_per_seq": 0.0, "d_s_per_kv_token": 0.0,
+    })
+    url = fleet.urls[0]
+    finished_at: dict[str, float] = {}
+
+    def run(name: str, offset: int) -> None:
+        httpx.post(url + "/v1/completions", json={
+            "model": MODEL, "prompt": [offset + i for i in range(400)], "max_tokens": 40,
+        }, timeout=30).raise_for_status()
+        finished_at[name] = time.perf_counter()
+
+    first = threading.Thread(target=run, args=("first", 1000))
+    first.start()
+    time.sleep(0.1)
+    second = threading.Thread(target=run, args=("second", 5000))
+    second.start()
+    time.sleep(0.1)
+    metrics = fleet.metrics()
+    assert metrics["vllm:num_requests_running"] == 1
+    assert metrics["vllm:num_requests_waiting"] == 1
+    first.join()
+    second.join()
+    # The second waited for the first's ~41 steps of 10 ms, then ran its own ~41 steps.
+    assert finished_at["second"] - finished_at["first"] > 0.3
+
+
+def test_heartbeat_and_kv_events_in_redis(
+    procs: ProcessGroup, tmp_path: Path, redis_url: str
+) -> None:
+    fleet = SimFleet(procs, tmp_path, num_workers=2, redis_url=redis_url,
+                     heartbeat_interval_s=0.2)
+    worker_ids = [f"sim-{fleet.base_port}", f"sim-{fleet.base_port + 1}"]
+    client = redis_sync.Redis.from_url(redis_url)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not all(client.exists(worker_key(w)) for w in worker_ids):
+        time.sleep(0.05)
+    for index, worker_id in enumerate(worker_ids):
+        doc = orjson.loads(client.get(worker_key(worker_id)))  # type: ignore[arg-type]
+        assert doc["url"] == fleet.urls[index] and doc["models"] == [MODEL]
+        assert doc["profile"]["block_size"] == 16 and doc["profile"]["num_kv_blocks"] > 0
+        assert set(doc["load"]) >= {"num_running", "num_waiting", "kv_usage",
+                                    "num_queued_prefill_tokens"}
+        assert 0 < client.pttl(worker_key(worker_id)) <= doc["ttl_ms"]
+        assert client.zscore(WORKERS_ZSET, worker_id) is not None
+    httpx.post(fleet.urls[0] + "/v1/completions", json={
+        "model": MODEL, "prompt": list(range(100, 164)), "max_tokens": 2,
+    }).raise_for_status()
+    deadline = time.monotonic() + 5
+    stored: list[bytes] = []
+    while time.monotonic() < deadline and not stored:
+        entries = client.xrange(kv_stream_key(worker_ids[0]))
+        stored = [fields[b"h"] for _, fields in entries if fields[b"type"] == b"stored"]
+        time.sleep(0.05)
+    expected = token_block_hashes(list(range(100, 164)), 16, MODEL)
+    published = [h for packed in stored for h in unpack_hashes(packed)]
+    assert published[:3] == expected[:3]
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline and not client.exists(kv_snapshot_key(worker_ids[0])):
+        time.sleep(0.1)
+    assert client.exists(kv_snapshot_key(worker_ids[0]))
