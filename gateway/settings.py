@@ -24,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic import model_validator as _model_validator
 
 ENV_PREFIX = "SWITCHYARD_"
+# Read by the CLI wrappers, not settings of the gateway.
+_CLI_ONLY_VARIABLES = frozenset({"SWITCHYARD_CONFIG", "SWITCHYARD_URL"})
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
 
@@ -220,8 +222,14 @@ def load_settings(path: str | Path | None, environ: Mapping[str, str] | None = N
                 continue
             problems.append((where, err["msg"]))
         for loc, message in _cross_field_problems(data):
-            problems.append((f"{source}:{lines[loc]}: {_format_loc(loc)}" if loc in lines
-                             else f"{source}: {_format_loc(loc)}", message))
+            env_name = _env_source(loc, env_sources)
+            if env_name:
+                where = f"{_format_loc(loc)} (from ${env_name})"
+            elif loc in lines:
+                where = f"{source}:{lines[loc]}: {_format_loc(loc)}"
+            else:
+                where = f"{source}: {_format_loc(loc)}"
+            problems.append((where, message))
         raise ConfigError(problems) from exc
 
 
@@ -250,7 +258,7 @@ def _collect_lines(
 def _overlay_env(data: dict[str, Any], environ: Mapping[str, str]) -> dict[tuple[str, ...], str]:
     sources: dict[tuple[str, ...], str] = {}
     for name, raw in environ.items():
-        if not name.startswith(ENV_PREFIX) or name == "SWITCHYARD_CONFIG":
+        if not name.startswith(ENV_PREFIX) or name in _CLI_ONLY_VARIABLES:
             continue
         path = tuple(part for part in name[len(ENV_PREFIX):].lower().split("__") if part)
         if not path:
