@@ -55,7 +55,8 @@ class UpstreamFailure(Exception):
 
 @dataclass(slots=True)
 class Opened:
-    """A response whose status and headers have arrived, with the first body bytes if streaming."""
+    """A response whose status and headers have arrived, with its first body bytes: the first
+    chunk of a stream, or the whole body otherwise."""
 
     backend: Backend
     response: aiohttp.ClientResponse
@@ -115,11 +116,12 @@ class UpstreamClient:
         try:
             async with asyncio.timeout(wait_s):
                 response = await self.session.post(backend.url + path, data=body, headers=headers)
-                first = b""
                 if is_stream and response.status == 200:
                     first = await response.content.readany()
                     if not first and not response.content.is_eof():
                         raise aiohttp.ClientPayloadError("stream ended before its first chunk")
+                else:
+                    first = await response.read()  # the whole body, within the same timeout
         except TimeoutError:
             if response is not None:
                 response.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import resource
 import sys
@@ -262,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     result: LoadResult = uvloop.run(run_load(spec))
     summary = result.to_json()
     if args.json:
+        # The event loop may leave stdout non-blocking; a pipe then takes only 64-128 KiB.
+        os.set_blocking(sys.stdout.fileno(), True)
         sys.stdout.buffer.write(orjson.dumps(summary) + b"\n")
+        sys.stdout.buffer.flush()
     else:
         cpu = ", ".join(f"{k} {v:.3f} s" for k, v in result.cpu_s.items())
         print(f"{result.num_ok} ok, {result.num_errors} errors in {result.elapsed_s:.2f} s "

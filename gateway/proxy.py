@@ -142,18 +142,16 @@ async def _forward(
 
 async def _relay_body(request: web.Request, gw: Gateway, opened: Opened) -> web.Response:
     upstream = opened.response
-    try:
-        async with asyncio.timeout(gw.settings.upstream.request_timeout_s):
-            body = opened.first_chunk + await upstream.read()
-    except TimeoutError:
-        raise APIError.gateway_timeout(
-            f"Upstream timeout: backend {opened.backend.name!r} did not finish the response."
-        ) from None
-    except (aiohttp.ClientError, OSError):
-        gw.metrics.upstream_errors.labels(opened.backend.name, "protocol").inc()
-        raise APIError.bad_gateway(
-            f"Upstream failed: backend {opened.backend.name!r} broke off its response."
-        ) from None
+    body = opened.first_chunk  # the whole body (read by open()), unless a stream was answered
+    if not upstream.content.is_eof():  # with a 200 that is not SSE: read the rest
+        try:
+            async with asyncio.timeout(gw.settings.upstream.request_timeout_s):
+                body += await upstream.read()
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            gw.metrics.upstream_errors.labels(opened.backend.name, "protocol").inc()
+            raise APIError.bad_gateway(
+                f"Upstream failed: backend {opened.backend.name!r} broke off its response."
+            ) from None
     if upstream.status >= 400 and not _is_openai_error(body):
         gw.metrics.upstream_errors.labels(opened.backend.name, f"http_{upstream.status}").inc()
         raise APIError.bad_gateway(
@@ -178,12 +176,16 @@ async def _relay_stream(request: web.Request, gw: Gateway, opened: Opened) -> we
     idle_s = settings.idle_timeout_s
     num_chunks = 0
     chunk = opened.first_chunk
+    # Moving the timer costs ~1 us; move it only once it has fallen 10% of idle_s behind.
+    slack_s = 0.1 * idle_s
     try:
-        async with asyncio.timeout(min(loop.time() + idle_s, deadline_s)) as timer:
+        async with asyncio.timeout_at(min(loop.time() + idle_s, deadline_s)) as timer:
             while chunk:
                 num_chunks += 1
                 await out.write(chunk)
-                timer.reschedule(min(loop.time() + idle_s, deadline_s))
+                wanted_s = min(loop.time() + idle_s, deadline_s)
+                if wanted_s - (timer.when() or 0.0) > slack_s or wanted_s == deadline_s:
+                    timer.reschedule(wanted_s)
                 chunk = await content.readany()
     except TimeoutError:
         gw.metrics.upstream_errors.labels(opened.backend.name, "idle_timeout").inc()

@@ -40,26 +40,29 @@ def _is_running(pid: int) -> bool:
     return state != "Z"
 
 
-def _read_until(proc: subprocess.Popen[str], pattern: str, timeout_s: float) -> str:
+def _read_until(proc: subprocess.Popen[bytes], pattern: str, timeout_s: float) -> str:
+    # Raw reads from the pipe: a buffered readline can swallow lines that select() then
+    # never reports again.
     assert proc.stdout is not None
+    fd = proc.stdout.fileno()
     selector = selectors.DefaultSelector()
-    selector.register(proc.stdout, selectors.EVENT_READ)
-    output = ""
+    selector.register(fd, selectors.EVENT_READ)
+    output = b""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not re.search(pattern, output):
+    while time.monotonic() < deadline and not re.search(pattern, output.decode(errors="replace")):
         if selector.select(timeout=0.2):
-            line = proc.stdout.readline()
-            if not line:
+            data = os.read(fd, 65536)
+            if not data:
                 break
-            output += line
-    return output
+            output += data
+    return output.decode(errors="replace")
 
 
 def test_up_serves_the_demo_key_and_ctrl_c_stops_every_child() -> None:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "up", "--port", str(port), "--workers", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:

@@ -1,0 +1,121 @@
+"""Where the gateway's CPU goes under one benchmark load: py-spy samples, summed by function.
+
+Needs py-spy (``.venv/bin/pip install py-spy``) and permission to ptrace the gateway::
+
+    python -m bench.gateway_profile --load nonstream --duration 8
+    python -m bench.gateway_profile --load rate --native   # with C frames (uvloop, syscalls)
+
+Prints the top functions by own samples ("self") and by samples anywhere on the stack
+("inclusive"), as shares of all samples taken while the gateway was on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from bench.fleet import CHAT_PATH, bench_fleet
+
+LOADS = {
+    "nonstream": ["--mode", "closed", "--concurrency", "32", "--max-tokens", "16"],
+    "rate": ["--mode", "open", "--rate", "200", "--max-tokens", "16"],
+    "stream": ["--mode", "closed", "--concurrency", "32", "--stream", "--max-tokens", "64"],
+    "paced": ["--mode", "closed", "--concurrency", "32", "--stream", "--max-tokens", "64",
+              "--token-delay-ms", "2"],
+}
+_FRAME_RE = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
+
+
+def _py_spy() -> str:
+    found = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(found).exists():
+        raise SystemExit("py-spy is not installed: .venv/bin/pip install py-spy")
+    return found
+
+
+def _short(frame: str) -> str:
+    match = _FRAME_RE.match(frame)
+    if not match:
+        return frame
+    path = match["file"]
+    for marker in ("site-packages/", "/lib/python3"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    else:
+        path = Path(path).name if path.startswith("/") and "/work/" not in path else path
+        path = path.split("/main/", 1)[-1]
+    return f"{match['func']} ({path})"
+
+
+def summarise(raw: str, top: int) -> str:
+    """Top functions by self and inclusive share of py-spy's raw (collapsed) stacks."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [_short(f) for f in stack.split(";") if f]
+        if not frames:
+            continue
+        total += count
+        own[frames[-1]] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+    lines = [f"{total} samples"]
+    for title, counter in (("self", own), ("inclusive", inclusive)):
+        lines.append(f"-- top {top} by {title} --")
+        for frame, count in counter.most_common(top):
+            lines.append(f"{100 * count / max(total, 1):6.1f}%  {frame}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.gateway_profile", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--load", choices=sorted(LOADS), default="nonstream")
+    parser.add_argument("--endpoint", choices=("gateway", "floor"), default="gateway",
+                        help="profile the gateway or the bare pass-through proxy")
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds sampled")
+    parser.add_argument("--rate", type=int, default=250, help="samples per second")
+    parser.add_argument("--native", action="store_true", help="include C frames")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--raw-out", type=Path, help="also keep py-spy's collapsed stacks here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="sy-prof-") as tmp, bench_fleet(Path(tmp)) as fleet:
+        url, pid = ((fleet.gateway_url, fleet.gateway_pid) if args.endpoint == "gateway"
+                    else (fleet.floor_url, fleet.floor_pid))
+        load = subprocess.Popen([
+            sys.executable, "-m", "bench.loadgen", "--url", url + CHAT_PATH,
+            "--key", fleet.api_key, "--model", fleet.model, "--warmup", "100",
+            "--duration", str(args.duration + 3), *LOADS[args.load],
+        ], stdout=subprocess.DEVNULL)
+        raw_path = Path(tmp) / "stacks.txt"
+        spy = [_py_spy(), "record", "--pid", str(pid), "--format", "raw",
+               "--output", str(raw_path), "--duration", str(int(args.duration)),
+               "--rate", str(args.rate), "--nonblocking"]
+        if args.native:
+            spy.append("--native")
+        try:
+            subprocess.run(spy, check=True, stdout=subprocess.DEVNULL, timeout=args.duration + 60)
+        finally:
+            load.wait(timeout=args.duration + 60)
+        raw = raw_path.read_text()
+    if args.raw_out:
+        args.raw_out.write_text(raw)
+    print(f"{args.endpoint} profile, load {args.load!r}:")
+    print(summarise(raw, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Issue 2: what the gateway costs, in CPU and latency, over calling the engine directly.
+
+In one run it starts a private redis-server, a zero-delay mock engine, a gateway process and a
+bare aiohttp pass-through proxy (`bench.bare_proxy`, the floor for a Python proxy), creates a
+tenant and key through the admin API, then drives the same load at the engine directly, through
+the bare proxy and through the gateway (with auth), ``--runs`` times, and reports medians::
+
+    python -m bench.overhead            # the full benchmark (about 3 minutes)
+    python -m bench.overhead --quick    # a smoke run (well under 20 s)
+
+Load comes from `bench.loadgen` in a separate process, so its CPU is not counted; CPU is read
+from /proc/PID/stat of the proxy and the engine around each measured phase, and /proc/stat tells
+how much other work shared the machine ("others_cores_busy"). Results go to
+``bench/results/overhead-<timestamp>.json``; targets are printed as PASS/FAIL, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.fleet import CHAT_PATH, BenchFleet, bench_fleet
+from bench.report import judge, machine, markdown_table, text_table, write_results
+from bench.stats import median
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+Figures = dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How much load each phase drives; ``QUICK`` is the smoke-test size."""
+
+    runs: int = 3
+    concurrency: int = 32
+    num_requests: int = 5000
+    max_tokens: int = 16
+    num_streams: int = 500
+    stream_max_tokens: int = 64
+    token_delay_ms: float = 2.0
+    rate_per_s: float = 200.0
+    rate_duration_s: float = 10.0
+    max_concurrency: int = 64
+    max_duration_s: float = 5.0
+    num_warmup: int = 300
+
+
+QUICK = Plan(runs=1, num_requests=400, num_streams=60, rate_duration_s=1.0, max_duration_s=0.5,
+             num_warmup=40)
+
+
+def _loadgen(fleet: BenchFleet, url: str, watch: dict[str, int], *args: str) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "bench.loadgen", "--url", url, "--key", fleet.api_key,
+            "--model", fleet.model, "--json", *args]
+    for name, pid in watch.items():
+        argv += ["--watch", f"{name}={pid}"]
+    done = subprocess.run(argv, capture_output=True, timeout=300, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"loadgen failed ({done.returncode}): {done.stderr.decode()[-2000:]}"
+                           f"{done.stdout.decode()[-500:]}")
+    result: dict[str, Any] = orjson.loads(done.stdout)
+    if result["num_errors"]:
+        raise RuntimeError(f"{result['num_errors']} requests to {url} failed; first: "
+                           f"{result['first_error']}")
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One load shape, run against each endpoint in turn (engine alone, bare proxy, gateway)."""
+
+    name: str
+    args: tuple[str, ...]
+    num_warmup: int
+
+
+def phases(plan: Plan) -> list[Phase]:
+    closed = ("--mode", "closed", "--duration", "120", "--concurrency", str(plan.concurrency))
+    stream = (*closed, "--stream", "--requests", str(plan.num_streams),
+              "--max-tokens", str(plan.stream_max_tokens))
+    stream_warmup = max(1, plan.num_warmup // 10)
+    warmup = ("--warmup", str(plan.num_warmup))
+    return [
+        Phase("nonstream", (*closed, "--requests", str(plan.num_requests),
+                            "--max-tokens", str(plan.max_tokens), *warmup), plan.num_warmup),
+        # Zero-delay engine: its events arrive back to back and are relayed in a few writes.
+        Phase("stream", (*stream, "--warmup", str(stream_warmup)), stream_warmup),
+        # Tokens paced like a real engine's: every event is read and written on its own.
+        Phase("paced_stream", (*stream, "--warmup", str(stream_warmup), "--token-delay-ms",
+                               str(plan.token_delay_ms)), stream_warmup),
+        Phase("latency", ("--mode", "open", "--rate", str(plan.rate_per_s), "--duration",
+                          str(plan.rate_duration_s), "--max-tokens", str(plan.max_tokens),
+                          "--concurrency", "4", *warmup), plan.num_warmup),
+        Phase("max_rps", ("--mode", "closed", "--concurrency", str(plan.max_concurrency),
+                          "--duration", str(plan.max_duration_s), "--max-tokens",
+                          str(plan.max_tokens), *warmup), plan.num_warmup),
+    ]
+
+
+def endpoints(fleet: BenchFleet) -> dict[str, tuple[str, dict[str, int]]]:
+    """URL and watched processes per endpoint; "proxy" is the process under test."""
+    engine = {"engine": fleet.engine_pid}
+    return {
+        "direct": (fleet.engine_url, engine),
+        "floor": (fleet.floor_url, {"proxy": fleet.floor_pid, **engine}),
+        "gateway": (fleet.gateway_url, {"proxy": fleet.gateway_pid, **engine}),
+    }
+
+
+def _per(cpu_s: float, count: float) -> float:
+    return cpu_s / count * 1e6 if count else 0.0
+
+
+def result_figures(result: dict[str, Any]) -> Figures:
+    """Per-request (and per-chunk) CPU of each watched process, throughput and latency."""
+    num_ok, num_events, elapsed_s = result["num_ok"], result["num_events"], result["elapsed_s"]
+    figures: Figures = {"requests_per_s": result["requests_per_s"], "p50_ms": result["p50_ms"],
+                        "p99_ms": result["p99_ms"], "loadgen_lag_p99_ms": result["lag_p99_ms"]}
+    for process, cpu_s in result["cpu_s"].items():
+        figures[f"{process}_cpu_us_per_request"] = _per(cpu_s, num_ok)
+        figures[f"{process}_cores_busy"] = cpu_s / elapsed_s
+        if num_events:
+            figures[f"{process}_cpu_us_per_chunk"] = _per(cpu_s, num_events)
+    if num_events:
+        figures["chunks_per_stream"] = num_events / num_ok
+    # Cores that neither the load generator nor a watched process used: other work (noise).
+    others_s = result["machine_busy_cpu_s"] - sum(result["cpu_s"].values())
+    figures["others_cores_busy"] = max(0.0, others_s / elapsed_s)
+    return figures
+
+
+def measure_phase(fleet: BenchFleet, phase: Phase) -> Figures:
+    figures: Figures = {}
+    for target, (url, watch) in endpoints(fleet).items():
+        writes_before = fleet.streamed_chunks() if target == "gateway" else 0.0
+        result = _loadgen(fleet, url + CHAT_PATH, watch, *phase.args)
+        for key, value in result_figures(result).items():
+            figures[f"{phase.name}.{target}.{key}"] = value
+        if target == "gateway" and result["num_events"]:
+            # Writes to the client: fewer than chunks when reads from the engine coalesce.
+            writes = fleet.streamed_chunks() - writes_before
+            figures[f"{phase.name}.gateway.writes_per_stream"] = writes / (
+                result["num_ok"] + phase.num_warmup)
+    return figures
+
+
+def derived(figures: Figures) -> Figures:
+    """Added latency and throughput ratios of each proxy against the engine alone."""
+    out: Figures = {}
+    for target in ("floor", "gateway"):
+        for q in ("p50", "p99"):
+            out[f"latency.{target}.added_{q}_ms"] = (
+                figures[f"latency.{target}.{q}_ms"] - figures[f"latency.direct.{q}_ms"])
+        out[f"max_rps.{target}.to_direct_ratio"] = (
+            figures[f"max_rps.{target}.requests_per_s"] / figures["max_rps.direct.requests_per_s"])
+    return out
+
+
+def measure_run(fleet: BenchFleet, plan: Plan) -> Figures:
+    figures: Figures = {}
+    for phase in phases(plan):
+        figures.update(measure_phase(fleet, phase))
+    figures.update(derived(figures))
+    return figures
+
+
+def medians(runs: list[Figures]) -> Figures:
+    return {key: median([run[key] for run in runs]) for key in runs[0]}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a small smoke run, one repeat")
+    parser.add_argument("--runs", type=int, help="repeats; medians are reported (default 3)")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    plan = QUICK if args.quick else Plan()
+    if args.runs is not None:
+        plan = dataclasses.replace(plan, runs=max(1, args.runs))
+    started = time.time()
+    loadavg_at_start = os.getloadavg()
+    runs: list[Figures] = []
+    with tempfile.TemporaryDirectory(prefix="sy-bench-") as tmp, bench_fleet(Path(tmp)) as fleet:
+        for index in range(plan.runs):
+            runs.append(measure_run(fleet, plan))
+            print(f"run {index + 1}/{plan.runs} done ({time.time() - started:.0f} s)",
+                  file=sys.stderr, flush=True)
+    summary = medians(runs)
+    targets = judge(summary)
+    print(text_table(summary, plan.runs))
+    for target in targets:
+        verdict = "PASS" if target["passed"] else "FAIL"
+        print(f"{verdict}  {target['label']}: {target['value']:.3f} "
+              f"(target <= {target['limit']:g})")
+    noise = median([v for k, v in summary.items() if k.endswith("others_cores_busy")])
+    if noise > 0.25:
+        print(f"NOTE  other processes kept {noise:.2f} cores busy (median over phases): "
+              "the machine was shared, so CPU and latency figures are inflated.")
+    if args.markdown:
+        print(markdown_table(summary))
+    path = write_results(args.results_dir, {
+        "benchmark": "overhead", "issue": 2,
+        "command": " ".join(["python -m bench.overhead", *(argv or sys.argv[1:])]),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "duration_s": time.time() - started, "machine": machine(),
+        "loadavg_at_start": loadavg_at_start, "loadavg_at_end": os.getloadavg(),
+        "plan": dataclasses.asdict(plan), "median": summary, "runs": runs, "targets": targets,
+    })
+    print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

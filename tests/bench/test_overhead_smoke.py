@@ -1,0 +1,71 @@
+"""The overhead benchmark runs end to end in its quick mode and writes every figure.
+
+No timing is asserted: the figures depend on the machine. This only proves that the fleet comes
+up, every phase runs against every endpoint, and the results file is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.overhead import QUICK, phases
+from bench.report import ROWS, TARGETS
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ENDPOINTS = ("direct", "floor", "gateway")
+# Differences of two measurements, and measures of idleness: zero or negative is valid.
+MAY_BE_ZERO_OR_NEGATIVE = ("added_p50_ms", "added_p99_ms", "loadgen_lag_p99_ms",
+                           "others_cores_busy")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    results_dir = tmp_path_factory.mktemp("bench-results")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.overhead", "--quick", "--results-dir", str(results_dir)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=110, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    [path] = results_dir.glob("overhead-*.json")
+    document: dict[str, Any] = json.loads(path.read_text())
+    return document
+
+
+def test_every_figure_is_finite_and_none_is_negative(results: dict[str, Any]) -> None:
+    for key, value in results["median"].items():
+        assert isinstance(value, float | int) and math.isfinite(value), key
+        if not key.endswith(MAY_BE_ZERO_OR_NEGATIVE):
+            assert value >= 0, key
+
+
+def test_table_and_target_figures_are_present_and_positive(results: dict[str, Any]) -> None:
+    median = results["median"]
+    expected = [t.key for t in TARGETS]
+    for _, template, direct_key in ROWS:
+        expected += [template.format("gateway"), template.format("floor")]
+        expected += [direct_key] if direct_key else []
+    assert [key for key in expected if key not in median] == []
+    headline = [key for key in expected if not key.endswith(MAY_BE_ZERO_OR_NEGATIVE)]
+    assert [key for key in headline if median[key] <= 0] == []
+
+
+@pytest.mark.parametrize("phase", [pytest.param(p.name, id=p.name) for p in phases(QUICK)])
+def test_each_phase_ran_against_each_endpoint(results: dict[str, Any], phase: str) -> None:
+    median = results["median"]
+    for endpoint in ENDPOINTS:
+        assert median[f"{phase}.{endpoint}.requests_per_s"] > 0, endpoint
+        assert median[f"{phase}.{endpoint}.p50_ms"] > 0, endpoint
+
+
+def test_targets_are_judged_not_asserted(results: dict[str, Any]) -> None:
+    assert [t["key"] for t in results["targets"]] == [t.key for t in TARGETS]
+    assert all(isinstance(t["passed"], bool) for t in results["targets"])
+    assert results["plan"]["runs"] == 1
+    assert len(results["runs"]) == 1
