@@ -78,9 +78,11 @@ class ProcessGroup:
         self.children.append((name, child))
         return child
 
-    def dead_child(self) -> str | None:
+    def dead_child(self, *, is_clean_exit_ok: bool = True) -> str | None:
+        """A child that has exited; by default only a failed one (non-zero status), since a
+        test may stop a child on purpose."""
         for name, child in self.children:
-            if child.poll() is not None:
+            if child.poll() is not None and (child.returncode != 0 or not is_clean_exit_ok):
                 return f"{name} (exit status {child.returncode})"
         return None
 

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         key = _demo_key(base, admin_token)
         _print_banner(base, key, model, admin_token, workdir)
         while not stop_requested:
-            if dead := group.dead_child():
+            if dead := group.dead_child(is_clean_exit_ok=False):
                 print(f"\n{dead} stopped unexpectedly; logs in {workdir}. Shutting down.")
                 return 1
             time.sleep(0.2)
