@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import mmap
 import os
-import struct
 import subprocess
 import sys
 import time
@@ -37,6 +35,7 @@ from backends.tokenizer import (
     load_tokenizer_from_gguf,
     load_tokenizer_from_json,
 )
+from backends.tokenizer.gguf_metadata import read_gguf_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SYSTEM = (
@@ -52,43 +51,8 @@ def real() -> ModelTokenizer:
 
 # --- the reference: GGUF metadata by hand ------------------------------------------------------
 
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-            10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-
-
-def read_gguf_metadata(path: Path) -> dict[str, Any]:
-    """Every key/value pair of a GGUF v2/v3 file's header, read with struct."""
-    with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        magic, _version, _num_tensors, num_kv = struct.unpack_from("<4sIQQ", data, 0)
-        assert magic == b"GGUF"
-        offset = 24
-
-        def string() -> str:
-            nonlocal offset
-            (length,) = struct.unpack_from("<Q", data, offset)
-            offset += 8 + length
-            return data[offset - length : offset].decode("utf-8")
-
-        def value(kind: int) -> Any:
-            nonlocal offset
-            if kind == _STRING:
-                return string()
-            if kind == _ARRAY:
-                item_kind, count = struct.unpack_from("<IQ", data, offset)
-                offset += 12
-                return [value(item_kind) for _ in range(count)]
-            (scalar,) = struct.unpack_from(_SCALARS[kind], data, offset)
-            offset += struct.calcsize(_SCALARS[kind])
-            return scalar
-
-        metadata: dict[str, Any] = {}
-        for _ in range(num_kv):
-            key = string()
-            (kind,) = struct.unpack_from("<I", data, offset)
-            offset += 4
-            metadata[key] = value(kind)
-        return metadata
+# The struct reader is checked against the gguf package's GGUFReader below
+# (test_fast_metadata_reader_agrees_with_the_gguf_package), so the reference may use it.
 
 
 @lru_cache(maxsize=1)
@@ -497,10 +461,9 @@ def test_get_tokenizer(real: ModelTokenizer) -> None:
 def test_fast_metadata_reader_agrees_with_the_gguf_package() -> None:
     from gguf import GGUFReader
 
-    from backends.tokenizer.gguf_metadata import read_gguf_metadata as fast_reader
 
     path = default_model_path()
-    fast = fast_reader(path, prefix="tokenizer.")
+    fast = read_gguf_metadata(path, prefix="tokenizer.")
     fields = GGUFReader(path).fields
     reference = {k: f.contents() for k, f in fields.items() if k.startswith("tokenizer.")}
     assert fast.keys() == reference.keys()
