@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from routing.types import BackendProfile, BackendState
+
 
 @dataclass(eq=False, slots=True)
 class Backend:
@@ -26,7 +28,31 @@ class Backend:
     is_healthy: bool = True
     num_consecutive_failures: int = 0
     last_error: str = ""
+    source: str = "config"  # "config" (listed, health-probed) or "heartbeat" (joined via Redis)
+    profile: BackendProfile = field(default_factory=BackendProfile)
+    # Load, from the worker's heartbeat or its scraped /metrics, observed at load_observed_s
+    # (monotonic clock); None until first observed.
+    load_observed_s: float | None = None
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+    num_queued_prefill_tokens: int = 0
+    # What this gateway has sent and not yet finished.
+    num_in_flight: int = 0
+    num_in_flight_tokens: int = 0
     _current_weight: float = field(default=0.0, repr=False)
+
+    def state(self, now_s: float) -> BackendState:
+        """This backend as routing sees it at ``now_s`` (monotonic)."""
+        age_s = 0.0 if self.load_observed_s is None else max(0.0, now_s - self.load_observed_s)
+        return BackendState(
+            name=self.name, models=self.models, is_healthy=self.is_healthy, age_s=age_s,
+            weight=self.weight, profile=self.profile, num_running=self.num_running,
+            num_waiting=self.num_waiting, kv_usage=self.kv_usage,
+            num_queued_prefill_tokens=self.num_queued_prefill_tokens,
+            num_in_flight=self.num_in_flight, num_in_flight_tokens=self.num_in_flight_tokens,
+            source=self.source,
+        )
 
     def mark_success(self) -> None:
         self.is_healthy = True
@@ -41,12 +67,41 @@ class Backend:
 
 
 class BackendRegistry:
+    """Backends by name and by model; workers join and leave at run time (``add``/``remove``)."""
+
     def __init__(self, backends: list[Backend]) -> None:
-        self.backends = backends
+        self.backends = list(backends)
         self._by_model: dict[str, list[Backend]] = {}
-        for backend in backends:
+        self._by_name: dict[str, Backend] = {}
+        self.version = 0  # bumped on every membership change
+        self._reindex()
+
+    def _reindex(self) -> None:
+        self._by_model = {}
+        for backend in self.backends:
             for model in backend.models:
                 self._by_model.setdefault(model, []).append(backend)
+        self._by_name = {b.name: b for b in self.backends}
+        self.version += 1
+
+    def get(self, name: str) -> Backend | None:
+        return self._by_name.get(name)
+
+    def add(self, backend: Backend) -> None:
+        if backend.name in self._by_name:
+            raise ValueError(f"backend {backend.name!r} is already registered")
+        self.backends.append(backend)
+        self._reindex()
+
+    def remove(self, name: str) -> Backend | None:
+        backend = self._by_name.get(name)
+        if backend is not None:
+            self.backends.remove(backend)
+            self._reindex()
+        return backend
+
+    def for_model(self, model: str) -> list[Backend]:
+        return self._by_model.get(model, [])
 
     def models(self) -> list[str]:
         return sorted(self._by_model)

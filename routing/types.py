@@ -1,0 +1,88 @@
+"""The values routing decisions are made of: a request, a fleet snapshot, a ranked decision.
+
+All frozen: a decision never mutates what it was given. The gateway (``backends/fleet.py``)
+builds snapshots from heartbeats, KV events, scraped ``/metrics`` and its own in-flight counts;
+``bench``'s virtual-time simulator builds them from simulated engines. Same ``schedule()``.
+
+Example::
+
+    request = RouteRequest(model="m", prompt_tokens=1200, block_hashes=(...), char_hashes=(...))
+    snapshot = FleetSnapshot(now_s=10.0, backends=(BackendState(name="w0", ...), ...))
+    ranked = schedule(request, snapshot, profile, now_s=10.0, rng=random.Random(0))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What routing knows about one request."""
+
+    model: str
+    num_prompt_tokens: int  # exact when tokenized, else estimated from characters
+    block_hashes: tuple[int, ...] = ()  # token-block chain (exact index), may be empty
+    char_hashes: tuple[int, ...] = ()  # character-block chain (approximate index)
+    session_key: str | None = None  # a session header or the `user` field
+    tenant_id: str | None = None
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BackendProfile:
+    """What a backend advertises once (heartbeat ``profile``) or the configuration states."""
+
+    device: str = "unknown"
+    num_kv_blocks: int | None = None
+    block_size: int | None = None
+    max_batch: int | None = None
+    max_context_tokens: int | None = None
+    prefill_tokens_per_s: float | None = None  # measured or advertised prefill speed
+
+
+@dataclass(frozen=True, slots=True)
+class BackendState:
+    """One backend as the snapshot sees it; ``age_s`` is how old its load figures are."""
+
+    name: str
+    models: frozenset[str]
+    is_healthy: bool = True
+    age_s: float = 0.0  # time since the load figures were observed
+    weight: float = 1.0
+    profile: BackendProfile = BackendProfile()
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0  # fraction in [0, 1]
+    num_queued_prefill_tokens: int = 0
+    num_in_flight: int = 0  # requests this gateway has sent and not finished
+    num_in_flight_tokens: int = 0  # their prompt + reserved output tokens
+    source: str = "config"  # "heartbeat", "metrics", "config"
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """How many leading blocks of the request each backend holds, from one index."""
+
+    num_blocks: Mapping[str, int] = field(default_factory=dict)
+    block_tokens: int = 16  # tokens per block (exact) or estimated tokens per char block
+    is_exact: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    now_s: float
+    backends: tuple[BackendState, ...]
+    prefix: PrefixMatch = PrefixMatch()
+    max_age_s: float = 5.0  # load older than this is stale: the backend is unknown, not idle
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """One candidate of a decision: its total score and each plugin's reason."""
+
+    backend: str
+    score: float
+    reasons: tuple[tuple[str, float], ...] = ()  # (plugin name, weighted score) pairs
+    expected_cached_tokens: int = 0
