@@ -218,13 +218,15 @@ class FleetSync:
         for name in workers:
             if name not in self._stream_ids:
                 await self._load_snapshot(name)
-        streams = {kv_stream_key(n): self._stream_ids[n] for n in workers if n in self._stream_ids}
+        streams: dict[Any, Any] = {
+            kv_stream_key(n): self._stream_ids[n] for n in workers if n in self._stream_ids
+        }
         if not streams:
             self._streams_changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._streams_changed.wait(), self._poll_interval_s)
             return
-        replies: Any = await self._redis.xread(streams, count=1000, block=200)
+        replies: Any = await self._redis.xread(dict(streams), count=1000, block=200)
         for stream, entries in replies or []:
             name = _worker_of_stream(stream.decode() if isinstance(stream, bytes) else stream)
             if name not in self._stream_ids:
@@ -236,7 +238,7 @@ class FleetSync:
 
     async def _load_snapshot(self, name: str) -> None:
         assert self._index is not None
-        snapshot: Any = await self._redis.hgetall(kv_snapshot_key(name))  # type: ignore[misc]
+        snapshot: Any = await self._redis.hgetall(kv_snapshot_key(name))
         self._index.apply(name, "cleared", [])
         if snapshot:
             self._index.load_snapshot(name, unpack_hashes(snapshot[b"h"]))
