@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("mock-engine", help="run the placeholder OpenAI-compatible engine",
                    add_help=False)
     sub.add_parser("sim", help="run simulated GPU engine workers", add_help=False)
+    sub.add_parser("bench", help="benchmarks: 'bench run' drives load and reports",
+                   add_help=False)
     return parser
 
 
@@ -41,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         from backends.sim.cli import main as sim_main
 
         return sim_main(argv[1:])
+    if argv and argv[0] == "bench":
+        from bench.run.cli import main as bench_main
+
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         try:
