@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 import orjson
@@ -36,6 +36,7 @@ from backends.publisher import (
     worker_key,
 )
 from backends.registry import Backend, BackendRegistry
+from routing.index_exact import ExactPrefixIndex
 from routing.types import BackendProfile
 
 log = logging.getLogger(__name__)
@@ -45,15 +46,7 @@ _WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
 _KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
 
 
-class KvIndex(Protocol):
-    """What the fleet feeds: ``routing``'s exact prefix index satisfies it."""
-
-    def apply(self, backend: str, kind: str, hashes: list[int]) -> None: ...
-
-    def load_snapshot(self, backend: str, hashes: list[int]) -> None: ...
-
-    def remove_backend(self, backend: str) -> None: ...
-
+KvIndex = ExactPrefixIndex
 
 def parse_engine_metrics(text: str) -> dict[str, float]:
     """Running, waiting and KV usage from a vLLM or SGLang ``/metrics`` page, summed."""
@@ -127,6 +120,13 @@ class FleetSync:
             await asyncio.sleep(interval_s)
 
     # -- membership and heartbeat load --------------------------------------------------
+    async def poll_members_once(self) -> None:
+        """One membership poll that never fails start-up (Redis may be down)."""
+        try:
+            await self.poll_members()
+        except (RedisError, OSError) as exc:
+            log.warning("fleet sync: cannot read workers from Redis yet: %s", exc)
+
     async def poll_members(self) -> None:
         now_ms = time.time() * 1000
         members: Any = await self._redis.zrangebyscore(WORKERS_ZSET, now_ms - 60_000, "+inf")
@@ -233,7 +233,8 @@ class FleetSync:
                 continue
             for entry_id, fields in entries:
                 kind = fields[b"type"].decode()
-                self._index.apply(name, kind, unpack_hashes(fields[b"h"]))
+                if kind in ("stored", "removed", "cleared"):
+                    self._index.apply(name, kind, unpack_hashes(fields[b"h"]))
                 self._stream_ids[name] = entry_id
 
     async def _load_snapshot(self, name: str) -> None:

@@ -52,7 +52,9 @@ class HealthChecker:
         return ok
 
     async def probe_all(self) -> None:
-        await asyncio.gather(*(self.probe(b) for b in self._registry.backends))
+        # Workers that heartbeat are judged by their heartbeat; probe the configured ones.
+        await asyncio.gather(
+            *(self.probe(b) for b in self._registry.backends if b.source == "config"))
 
     async def run(self) -> None:
         """Probe every backend each interval until cancelled."""

@@ -1,13 +1,12 @@
 """The fleet the gateway knows: backends, the models each serves, and their health.
 
-Selection is smooth weighted round-robin among healthy backends serving the model (the
-routing issue replaces it with the scheduler). ``candidates()`` returns the pick first and the
-other healthy backends after it, so a retry goes to a different backend.
+Which backend serves a request is decided by ``routing.schedule`` over ``Backend.state()``
+snapshots (``gateway/router.py``); the registry only keeps the fleet current.
 
 Example::
 
     registry = BackendRegistry([Backend("a", "http://127.0.0.1:19001", frozenset({"m"}))])
-    first, *fallbacks = registry.candidates("m")
+    registry.for_model("m")[0].state(now_s=0.0).is_healthy
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ class Backend:
     # What this gateway has sent and not yet finished.
     num_in_flight: int = 0
     num_in_flight_tokens: int = 0
-    _current_weight: float = field(default=0.0, repr=False)
+    num_in_flight_prompt_tokens: int = 0  # sent, no first token yet: the fresh prefill backlog
 
     def state(self, now_s: float) -> BackendState:
         """This backend as routing sees it at ``now_s`` (monotonic)."""
@@ -51,7 +50,7 @@ class Backend:
             num_waiting=self.num_waiting, kv_usage=self.kv_usage,
             num_queued_prefill_tokens=self.num_queued_prefill_tokens,
             num_in_flight=self.num_in_flight, num_in_flight_tokens=self.num_in_flight_tokens,
-            source=self.source,
+            num_in_flight_prompt_tokens=self.num_in_flight_prompt_tokens, source=self.source,
         )
 
     def mark_success(self) -> None:
@@ -111,22 +110,3 @@ class BackendRegistry:
 
     def num_healthy(self) -> int:
         return sum(1 for b in self.backends if b.is_healthy)
-
-    def candidates(self, model: str) -> list[Backend]:
-        """Healthy backends for ``model``: the weighted round-robin pick first, then the rest."""
-        pool = self._by_model.get(model)
-        if not pool:
-            return []
-        healthy = [b for b in pool if b.is_healthy]
-        if len(healthy) <= 1:
-            return healthy
-        total = 0.0
-        best = healthy[0]
-        for backend in healthy:
-            backend._current_weight += backend.weight
-            total += backend.weight
-            if backend._current_weight > best._current_weight:
-                best = backend
-        best._current_weight -= total
-        start = healthy.index(best)
-        return healthy[start:] + healthy[:start]

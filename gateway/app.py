@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from backends.fleet import FleetSync
 from backends.health import HealthChecker
 from backends.registry import Backend, BackendRegistry
 from backends.upstream import UpstreamClient
@@ -27,7 +28,12 @@ from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, from_http_exception
 from gateway.keystore import KeyStore
 from gateway.metrics import GatewayMetrics
-from gateway.settings import Settings
+from gateway.router import Router
+from gateway.settings import RoutingSettings, Settings
+from routing.index_approx import ApproxPrefixIndex
+from routing.index_exact import ExactPrefixIndex
+from routing.profile import SchedulingProfile, build_profile
+from routing.profiles import profile_by_name
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +124,10 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
         upstream = UpstreamClient(settings.upstream)
         await upstream.start()
         metrics = GatewayMetrics(registry.models(), [b.name for b in backends])
+        router = make_router(settings.routing, registry)
         app[GATEWAY] = Gateway(
             settings=settings, registry=registry, metrics=metrics, redis=redis, store=store,
-            auth=auth, upstream=upstream,
+            auth=auth, upstream=upstream, router=router,
         )
         checker = HealthChecker(
             registry, upstream.session, interval_s=settings.upstream.health_interval_s,
@@ -131,6 +138,10 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             asyncio.create_task(checker.run(), name="health-checks"),
             asyncio.create_task(auth.listen_for_invalidations(), name="auth-invalidation"),
         ]
+        if settings.routing.discover_workers:
+            fleet = FleetSync(registry, redis, upstream.session, index=router.exact_index)
+            await fleet.poll_members_once()  # workers already beating are known at start
+            tasks += fleet.start()
         try:
             yield
         finally:
@@ -143,3 +154,25 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             await redis.aclose()
 
     app.cleanup_ctx.append(lifecycle)
+
+
+def scheduling_profile(settings: RoutingSettings) -> SchedulingProfile:
+    if settings.plugins is not None:
+        return build_profile(settings.plugins, name="custom")
+    return profile_by_name(settings.profile)
+
+
+def make_router(settings: RoutingSettings, registry: BackendRegistry) -> Router:
+    from backends.tokenizer import get_tokenizer
+
+    return Router(
+        registry,
+        scheduling_profile(settings),
+        ExactPrefixIndex(block_size=settings.block_size),
+        ApproxPrefixIndex(ttl_s=settings.approx_ttl_s,
+                          block_tokens=max(1, settings.block_chars // 4)),
+        {model: get_tokenizer(kind) for model, kind in settings.tokenizers.items()},
+        block_chars=settings.block_chars,
+        block_size=settings.block_size,
+        max_age_s=settings.max_load_age_s,
+    )

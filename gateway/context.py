@@ -12,6 +12,7 @@ from backends.upstream import UpstreamClient
 from gateway.auth import Authenticator
 from gateway.keystore import KeyStore
 from gateway.metrics import GatewayMetrics
+from gateway.router import Router
 from gateway.settings import Settings
 
 
@@ -24,6 +25,7 @@ class Gateway:
     store: KeyStore
     auth: Authenticator
     upstream: UpstreamClient
+    router: Router
     num_in_flight: int = 0
     is_draining: bool = False
 

@@ -54,7 +54,7 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
                 f"Your tenant may not use the model {model!r}; GET /v1/models lists the models "
                 "you may use.", code="model_not_allowed", param="model",
             )
-        response = await _forward(request, gw, route, parsed, raw)
+        response = await _forward(request, gw, route, parsed, raw, principal.tenant.id)
         status = response.status
         return response
     except APIError as exc:
@@ -87,10 +87,14 @@ async def _read_json_body(request: web.Request, gw: Gateway) -> bytes:
 
 
 async def _forward(
-    request: web.Request, gw: Gateway, route: str, parsed: CompletionRequest, raw: bytes
+    request: web.Request, gw: Gateway, route: str, parsed: CompletionRequest, raw: bytes,
+    tenant_id: str,
 ) -> web.StreamResponse:
-    candidates = gw.registry.candidates(parsed.model)
-    if not candidates:
+    router = gw.router
+    max_attempts = 2 if gw.settings.upstream.retry_before_first_byte else 1
+    plan = router.describe(parsed.model, parsed.body, tenant_id)
+    attempts = router.rank(plan, max_ranked=max_attempts)
+    if not attempts:
         raise APIError.unavailable(
             f"No healthy backend serves {parsed.model!r} right now; retry shortly.", 2
         )
@@ -99,24 +103,28 @@ async def _forward(
         value = request.headers.get(name)
         if value is not None:
             headers[name] = value
-    max_attempts = 2 if gw.settings.upstream.retry_before_first_byte else 1
-    attempts = candidates[:max_attempts]
     failure: UpstreamFailure | None = None
     opened: Opened | None = None
     for index, backend in enumerate(attempts):
         if index:
             gw.metrics.retries.inc()
+        router.started(backend, plan)
         try:
             opened = await gw.upstream.open(
                 backend, _ROUTES[route], raw, headers, is_stream=parsed.is_stream
             )
         except UpstreamFailure as exc:
+            router.finished(backend, plan, had_first_token=False)
             failure = exc
             gw.metrics.upstream_errors.labels(backend.name, exc.reason).inc()
             if exc.reason == "connect":
                 backend.mark_failure(str(exc))
             continue
+        except BaseException:
+            router.finished(backend, plan, had_first_token=False)
+            raise
         if opened.response.status in RETRYABLE_STATUSES and index + 1 < len(attempts):
+            router.finished(backend, plan, had_first_token=False)
             gw.metrics.upstream_errors.labels(backend.name, f"http_{opened.response.status}").inc()
             opened.response.close()
             opened = None
@@ -127,16 +135,17 @@ async def _forward(
         if failure.is_timeout:
             raise APIError.gateway_timeout(f"Upstream timeout: {failure}.")
         raise APIError.bad_gateway(f"Upstream failed: {failure}.")
+    upstream = opened.response
+    is_sse = parsed.is_stream and upstream.status == 200 and \
+        upstream.content_type == "text/event-stream"
+    if is_sse:
+        router.first_token(opened.backend, plan)
     try:
-        upstream = opened.response
-        if (
-            parsed.is_stream
-            and upstream.status == 200
-            and upstream.content_type == "text/event-stream"
-        ):
+        if is_sse:
             return await _relay_stream(request, gw, opened)
         return await _relay_body(request, gw, opened)
     finally:
+        router.finished(opened.backend, plan, had_first_token=is_sse)
         opened.response.close()
 
 
@@ -158,17 +167,22 @@ async def _relay_body(request: web.Request, gw: Gateway, opened: Opened) -> web.
             f"Upstream failed: backend {opened.backend.name!r} answered HTTP {upstream.status} "
             "without an OpenAI error body."
         )
-    return web.Response(
+    response = web.Response(
         status=upstream.status,
         body=body,
         headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")},
     )
+    if gw.settings.routing.expose_backend_header:
+        response.headers["x-switchyard-backend"] = opened.backend.name
+    return response
 
 
 async def _relay_stream(request: web.Request, gw: Gateway, opened: Opened) -> web.StreamResponse:
     settings = gw.settings.upstream
     out = web.StreamResponse(status=200, headers=_SSE_HEADERS)
     out.headers["x-request-id"] = request[REQUEST_ID]
+    if gw.settings.routing.expose_backend_header:
+        out.headers["x-switchyard-backend"] = opened.backend.name
     await out.prepare(request)
     content = opened.response.content
     loop = asyncio.get_running_loop()

@@ -113,6 +113,33 @@ class UpstreamSettings(_Strict):
     max_connections_per_backend: int = Field(512, ge=1, le=100_000)
 
 
+class RoutingSettings(_Strict):
+    """How requests are placed on backends (routing.profiles names the built-in profiles)."""
+
+    profile: str = "prefix_affinity"
+    plugins: dict[str, Any] | None = Field(
+        None, description="a custom profile: filters, scorers with weights, picker")
+    tokenizers: dict[str, Literal["real", "approx"]] = Field(
+        default_factory=dict,
+        description="model -> tokenizer for the exact prefix index (the workers' tokenizer)",
+    )
+    block_chars: int = Field(64, ge=8, le=4096)
+    block_size: int = Field(16, ge=1, le=1024)
+    approx_ttl_s: float = Field(600.0, gt=0)
+    max_load_age_s: float = Field(5.0, gt=0)
+    discover_workers: bool = True
+    expose_backend_header: bool = True
+
+    @field_validator("profile")
+    @classmethod
+    def _check_profile(cls, value: str) -> str:
+        from routing.profiles import PROFILES
+
+        if value not in PROFILES:
+            raise ValueError(f"unknown profile {value!r}; built-in: {', '.join(PROFILES)}")
+        return value
+
+
 class Settings(_Strict):
     listen: ListenSettings = ListenSettings()
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -125,6 +152,7 @@ class Settings(_Strict):
     default_tier: str = "standard"
     default_limits: LimitSettings = LimitSettings()
     upstream: UpstreamSettings = UpstreamSettings()
+    routing: RoutingSettings = RoutingSettings()
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     drain_timeout_s: float = Field(30.0, ge=0)
     key_cache_ttl_s: float = Field(30.0, gt=0)

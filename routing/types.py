@@ -6,7 +6,7 @@ builds snapshots from heartbeats, KV events, scraped ``/metrics`` and its own in
 
 Example::
 
-    request = RouteRequest(model="m", prompt_tokens=1200, block_hashes=(...), char_hashes=(...))
+    request = RouteRequest(model="m", num_prompt_tokens=1200, block_hashes=(...), char_hashes=(...))
     snapshot = FleetSnapshot(now_s=10.0, backends=(BackendState(name="w0", ...), ...))
     ranked = schedule(request, snapshot, profile, now_s=10.0, rng=random.Random(0))
 """
@@ -58,6 +58,9 @@ class BackendState:
     num_queued_prefill_tokens: int = 0
     num_in_flight: int = 0  # requests this gateway has sent and not finished
     num_in_flight_tokens: int = 0  # their prompt + reserved output tokens
+    # prompt tokens of in-flight requests with no first token yet: this gateway's fresh view
+    # of the prefill backlog (the engine's num_queued_prefill_tokens is age_s old)
+    num_in_flight_prompt_tokens: int = 0
     source: str = "config"  # "heartbeat", "metrics", "config"
 
 

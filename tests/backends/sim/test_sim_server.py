@@ -23,7 +23,13 @@ from backends.publisher import (
     unpack_hashes,
     worker_key,
 )
-from gateway.localproc import ProcessGroup, free_port_range, python_module_argv, wait_http
+from gateway.localproc import (
+    ProcessGroup,
+    free_port_range,
+    python_module_argv,
+    start_redis,
+    wait_http,
+)
 from routing.prefix import token_block_hashes
 
 MODEL = "switchyard-sim"
@@ -176,9 +182,8 @@ def test_kv_capacity_limits_concurrency(procs: ProcessGroup, tmp_path: Path) -> 
     assert finished_at["second"] - finished_at["first"] > 0.3
 
 
-def test_heartbeat_and_kv_events_in_redis(
-    procs: ProcessGroup, tmp_path: Path, redis_url: str
-) -> None:
+def test_heartbeat_and_kv_events_in_redis(procs: ProcessGroup, tmp_path: Path) -> None:
+    redis_url = start_redis(procs, tmp_path)  # its own: these workers must join no other fleet
     fleet = SimFleet(procs, tmp_path, num_workers=2, redis_url=redis_url,
                      heartbeat_interval_s=0.2)
     worker_ids = [f"sim-{fleet.base_port}", f"sim-{fleet.base_port + 1}"]

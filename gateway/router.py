@@ -1,0 +1,203 @@
+"""Routing in the gateway: describe the request, snapshot the fleet, call ``schedule()``.
+
+The decision itself is ``routing.schedule`` (pure). This module supplies its inputs:
+
+- the request's prefix chains: character blocks of the prompt text for the approximate index
+  (always), and token blocks for the exact index when the model has a tokenizer configured
+  (chat prompts are rendered with the model's template and tokenized per message, each
+  message's tokens cached, so a shared system prompt is tokenized once);
+- a snapshot of the backends serving the model, with this gateway's own in-flight counts;
+- bookkeeping after the decision: in-flight counts, and the approximate index learns where the
+  prompt went.
+
+Example::
+
+    router = Router(registry, profile_by_name("prefix_affinity"), ExactPrefixIndex(),
+                    ApproxPrefixIndex(), tokenizers={})
+    plan = router.describe("m", body, tenant_id="t1")
+    for backend in router.rank(plan): ...
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from backends.registry import Backend, BackendRegistry
+from backends.tokenizer import Tokenizer
+from routing.index_approx import ApproxPrefixIndex
+from routing.index_exact import ExactPrefixIndex
+from routing.prefix import char_block_hashes, token_block_hashes
+from routing.profile import SchedulingProfile
+from routing.scheduler import schedule
+from routing.types import FleetSnapshot, PrefixMatch, RouteRequest
+
+_IM_START = "<|im_start|>"
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePlan:
+    request: RouteRequest
+    reserved_tokens: int
+
+
+class _SegmentCache:
+    """Token ids of rendered chat segments, LRU-bounded by total tokens."""
+
+    def __init__(self, max_tokens: int = 4_000_000) -> None:
+        self._entries: OrderedDict[str, list[int]] = OrderedDict()
+        self._num_tokens = 0
+        self._max_tokens = max_tokens
+
+    def encode(self, tokenizer: Tokenizer, segment: str) -> list[int]:
+        ids = self._entries.get(segment)
+        if ids is not None:
+            self._entries.move_to_end(segment)
+            return ids
+        ids = tokenizer.encode(segment)
+        self._entries[segment] = ids
+        self._num_tokens += len(ids)
+        while self._num_tokens > self._max_tokens and self._entries:
+            _, dropped = self._entries.popitem(last=False)
+            self._num_tokens -= len(dropped)
+        return ids
+
+
+class Router:
+    def __init__(
+        self,
+        registry: BackendRegistry,
+        profile: SchedulingProfile,
+        exact_index: ExactPrefixIndex,
+        approx_index: ApproxPrefixIndex,
+        tokenizers: dict[str, Tokenizer],
+        *,
+        block_chars: int = 64,
+        block_size: int = 16,
+        max_age_s: float = 5.0,
+        seed: int | None = None,
+    ) -> None:
+        self.registry = registry
+        self.profile = profile
+        self.exact_index = exact_index
+        self.approx_index = approx_index
+        self.tokenizers = tokenizers
+        self.block_chars = block_chars
+        self.block_size = block_size
+        self.max_age_s = max_age_s
+        self._rng = random.Random(seed)
+        self._segments = _SegmentCache()
+
+    # -- the request ----------------------------------------------------------------------
+    def describe(self, model: str, body: dict[str, Any], tenant_id: str | None) -> RoutePlan:
+        text = _prompt_text(body)
+        char_hashes = tuple(char_block_hashes(text, self.block_chars, model))
+        block_hashes: tuple[int, ...] = ()
+        tokenizer = self.tokenizers.get(model)
+        num_prompt_tokens = max(1, len(text) // 4)
+        if tokenizer is not None:
+            ids = self._token_ids(tokenizer, body)
+            if ids is not None:
+                num_prompt_tokens = len(ids)
+                block_hashes = tuple(token_block_hashes(
+                    ids, self.block_size, model, body.get("cache_salt") or None))
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        max_tokens = max_tokens if isinstance(max_tokens, int) else None
+        session = body.get("user")
+        request = RouteRequest(
+            model=model, num_prompt_tokens=num_prompt_tokens, block_hashes=block_hashes,
+            char_hashes=char_hashes, session_key=session if isinstance(session, str) else None,
+            tenant_id=tenant_id, max_tokens=max_tokens,
+        )
+        return RoutePlan(request, num_prompt_tokens + (max_tokens or 256))
+
+    def _token_ids(self, tokenizer: Tokenizer, body: dict[str, Any]) -> list[int] | None:
+        messages = body.get("messages")
+        try:
+            if isinstance(messages, list):
+                rendered = tokenizer.render_chat(messages)
+                ids: list[int] = []
+                for index, part in enumerate(rendered.split(_IM_START)):
+                    if index == 0:
+                        if part:
+                            ids += self._segments.encode(tokenizer, part)
+                        continue
+                    ids += self._segments.encode(tokenizer, _IM_START + part)
+                return ids
+            prompt = body.get("prompt")
+            if isinstance(prompt, str):
+                return self._segments.encode(tokenizer, prompt)
+            if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+                return prompt
+        except ValueError:
+            return None  # the engine will reject what cannot be rendered; route it anyway
+        return None
+
+    # -- the decision ---------------------------------------------------------------------
+    def rank(self, plan: RoutePlan, max_ranked: int = 2) -> list[Backend]:
+        request = plan.request
+        pool = self.registry.for_model(request.model)
+        if not pool:
+            return []
+        now_s = time.monotonic()
+        prefix = self._match(request, now_s)
+        snapshot = FleetSnapshot(
+            now_s=now_s, backends=tuple(b.state(now_s) for b in pool), prefix=prefix,
+            max_age_s=self.max_age_s,
+        )
+        ranked = schedule(request, snapshot, self.profile, now_s, self._rng,
+                          max_ranked=max_ranked)
+        by_name = {b.name: b for b in pool}
+        return [by_name[r.backend] for r in ranked if r.backend in by_name]
+
+    def _match(self, request: RouteRequest, now_s: float) -> PrefixMatch:
+        if request.block_hashes:
+            exact = self.exact_index.match(request.block_hashes)
+            if exact.num_blocks:
+                return exact
+        if request.char_hashes:
+            return self.approx_index.match(request.char_hashes, now_s)
+        return PrefixMatch()
+
+    # -- bookkeeping ----------------------------------------------------------------------
+    def started(self, backend: Backend, plan: RoutePlan) -> None:
+        backend.num_in_flight += 1
+        backend.num_in_flight_tokens += plan.reserved_tokens
+        backend.num_in_flight_prompt_tokens += plan.request.num_prompt_tokens
+        if plan.request.char_hashes:
+            self.approx_index.record(plan.request.char_hashes, backend.name, time.monotonic())
+
+    def first_token(self, backend: Backend, plan: RoutePlan) -> None:
+        backend.num_in_flight_prompt_tokens -= plan.request.num_prompt_tokens
+
+    def finished(self, backend: Backend, plan: RoutePlan, *, had_first_token: bool) -> None:
+        backend.num_in_flight -= 1
+        backend.num_in_flight_tokens -= plan.reserved_tokens
+        if not had_first_token:
+            backend.num_in_flight_prompt_tokens -= plan.request.num_prompt_tokens
+
+
+def _prompt_text(body: dict[str, Any]) -> str:
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        parts = []
+        for message in messages:
+            if not isinstance(message, dict):
+                continue
+            content = message.get("content")
+            if isinstance(content, list):
+                content = "\n".join(p.get("text", "") for p in content
+                                    if isinstance(p, dict) and isinstance(p.get("text"), str))
+            parts.append(f"{message.get('role')}\n{content or ''}\n")
+        return "".join(parts)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        return prompt[0]
+    if isinstance(prompt, list):
+        return " ".join(str(t) for t in prompt[:100_000])
+    return ""

@@ -1,0 +1,101 @@
+"""The built-in filters: who may get a request at all.
+
+Hard filters (``model``, ``healthy``, ``resources``) drop every backend that fails them, even
+the last one: sending there would fail anyway. Soft filters (``fresh``, ``not_saturated``)
+prefer better backends but never leave the request with nowhere to go: when nobody passes,
+they keep every candidate and the load scorers (``routing.scorers``) rate the stale or
+saturated ones as loaded. Each is one pass over the candidates, O(backends).
+
+Example config::
+
+    filters:
+      - {type: model}
+      - {type: healthy}
+      - {type: fresh}
+      - {type: resources}
+      - {type: not_saturated, max_waiting: 64, max_kv_usage: 0.98}
+"""
+
+from __future__ import annotations
+
+from routing.plugin import Cycle, check_number
+from routing.registry import register_filter
+from routing.types import BackendState
+
+
+@register_filter("model")
+class ModelFilter:
+    """Backends that serve the requested model."""
+
+    def filter(self, cycle: Cycle, candidates: list[BackendState]) -> list[BackendState]:
+        model = cycle.request.model
+        return [b for b in candidates if model in b.models]
+
+
+@register_filter("healthy")
+class HealthyFilter:
+    """Backends whose health checks pass."""
+
+    def filter(self, cycle: Cycle, candidates: list[BackendState]) -> list[BackendState]:
+        return [b for b in candidates if b.is_healthy]
+
+
+@register_filter("fresh")
+class FreshFilter:
+    """Backends whose load figures are at most ``snapshot.max_age_s`` old.
+
+    A stale backend is unknown, never idle: it is dropped while any fresh one remains. When none
+    is fresh all are kept (the request must go somewhere) and scorers treat them as loaded.
+    """
+
+    def filter(self, cycle: Cycle, candidates: list[BackendState]) -> list[BackendState]:
+        stale_after_s = cycle.stale_after_s
+        fresh = [b for b in candidates if b.age_s <= stale_after_s]
+        return fresh or candidates
+
+
+@register_filter("not_saturated")
+class NotSaturatedFilter:
+    """Drops backends over a waiting-queue or KV-usage threshold, unless that drops them all.
+
+    A stale backend counts as saturated (its load is unknown).
+    """
+
+    def __init__(self, max_waiting: int = 64, max_kv_usage: float = 0.98) -> None:
+        self.max_waiting = check_number("max_waiting", max_waiting, minimum=0)
+        self.max_kv_usage = check_number("max_kv_usage", max_kv_usage, minimum=0, maximum=1)
+
+    def filter(self, cycle: Cycle, candidates: list[BackendState]) -> list[BackendState]:
+        stale_after_s = cycle.stale_after_s
+        max_waiting, max_kv_usage = self.max_waiting, self.max_kv_usage
+        roomy = [b for b in candidates
+                 if b.age_s <= stale_after_s and b.num_waiting <= max_waiting
+                 and b.kv_usage <= max_kv_usage]
+        return roomy or candidates
+
+
+@register_filter("resources")
+class ResourcesFilter:
+    """Backends whose advertised profile can hold the whole request.
+
+    Needs ``max_context_tokens >= prompt + max_tokens`` and a KV cache of at least
+    ``ceil((prompt + max_tokens) / block_size)`` blocks. A limit the backend does not advertise
+    does not filter.
+    """
+
+    def filter(self, cycle: Cycle, candidates: list[BackendState]) -> list[BackendState]:
+        request = cycle.request
+        num_tokens = request.num_prompt_tokens + (request.max_tokens or 0)
+        kept = []
+        for backend in candidates:
+            profile = backend.profile
+            max_context_tokens = profile.max_context_tokens
+            if max_context_tokens is not None and max_context_tokens < num_tokens:
+                continue
+            num_kv_blocks = profile.num_kv_blocks
+            # ceil(num_tokens / block_size) <= num_kv_blocks, without the division
+            if (num_kv_blocks is not None and profile.block_size
+                    and num_kv_blocks * profile.block_size < num_tokens):
+                continue
+            kept.append(backend)
+        return kept

@@ -1,0 +1,158 @@
+"""Which backend probably holds which prefix, learned from the gateway's own routing decisions.
+
+For engines that publish no KV events: after sending a request the gateway calls
+:meth:`ApproxPrefixIndex.record` with the request's character-block chain
+(``routing.prefix.char_block_hashes``) and the backend it went to, assuming the backend now
+caches that prefix for a while. An entry is one block hash with, per backend, when it was last
+recorded there:
+
+- :meth:`match` walks the chain from the first block and stops at the first block no backend
+  still holds — O(matched blocks * holders);
+- a backend's claim on a block expires ``ttl_s`` after it was last recorded (engines evict
+  what nobody reuses); :meth:`match` ignores expired claims, and expired entries are pruned
+  from the least-recently-recorded end on every :meth:`record`, amortised O(1);
+- at most ``max_entries`` blocks are kept; recording past that evicts the least recently
+  recorded block (LRU; a chain's tail before its root), O(1) each. Memory: O(max_entries *
+  holders), roughly 300 bytes per block with one holder.
+
+Replicas share what they learned (the Redis I/O is ``backends/``' job): :meth:`entries`
+exports ``(hash, backend, recorded_s)`` triples, :meth:`merge` folds another replica's in,
+keeping the latest time per (hash, backend), so replicas that exchange entries converge.
+Clocks must be comparable across replicas (e.g. wall-clock seconds). Not thread-safe.
+
+Example::
+
+    index = ApproxPrefixIndex(ttl_s=300, block_tokens=16)
+    index.record(char_block_hashes(text, 64, "m"), "w1", now_s=100.0)
+    index.match(char_block_hashes(text + " more", 64, "m"), now_s=101.0).num_blocks  # {"w1": n}
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from itertools import islice
+
+from routing.types import PrefixMatch
+
+Entry = tuple[int, str, float]  # (character-block hash, backend, recorded_s)
+_NEVER = -float("inf")
+
+
+class ApproxPrefixIndex:
+    """Prefix blocks per backend from routing history, with TTL and an LRU bound."""
+
+    def __init__(self, ttl_s: float = 600.0, max_entries: int = 1 << 18,
+                 block_tokens: int = 16) -> None:
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
+        if block_tokens < 1:
+            raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self.block_tokens = block_tokens  # estimated tokens per character block
+        self._blocks: OrderedDict[int, dict[str, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        """Blocks held (each with one or more backends' claims)."""
+        return len(self._blocks)
+
+    def record(self, char_hashes: Sequence[int], backend: str, now_s: float) -> None:
+        """``backend`` was sent a request with this chain at ``now_s``. O(chain).
+
+        The chain is refreshed deepest block first, so its root is the most recently used and
+        the LRU bound trims chains from their tails, keeping their prefixes matchable.
+        """
+        blocks = self._blocks
+        oldest_s = now_s - self.ttl_s
+        for h in reversed(char_hashes):
+            holders = blocks.get(h)
+            if holders is None:
+                blocks[h] = {backend: now_s}
+                continue
+            holders[backend] = now_s
+            if len(holders) > 1:
+                for name in [n for n, t in holders.items() if t < oldest_s]:
+                    del holders[name]
+            blocks.move_to_end(h)
+        self._prune(now_s)
+
+    def match(self, char_hashes: Sequence[int], now_s: float) -> PrefixMatch:
+        """For each backend, how many leading blocks of ``char_hashes`` it holds unexpired."""
+        num_blocks: dict[str, int] = {}
+        oldest_s = now_s - self.ttl_s
+        get = self._blocks.get
+        first = get(char_hashes[0]) if char_hashes else None
+        alive = [n for n, t in first.items() if t >= oldest_s] if first else []
+        depth = 1
+        if len(alive) == 1:  # the common case under affinity: a tighter loop
+            (name,) = alive
+            for holders in map(get, islice(char_hashes, 1, None)):
+                if holders is None or holders.get(name, _NEVER) < oldest_s:
+                    break
+                depth += 1
+            return PrefixMatch({name: depth}, self.block_tokens, is_exact=False)
+        for holders in map(get, islice(char_hashes, 1, None)) if alive else ():
+            if holders is None:
+                break
+            dropped = [n for n in alive if holders.get(n, _NEVER) < oldest_s]
+            if dropped:
+                for name in dropped:
+                    num_blocks[name] = depth
+                alive = [n for n in alive if n not in dropped]
+                if not alive:
+                    break
+            depth += 1
+        for name in alive:
+            num_blocks[name] = depth
+        return PrefixMatch(num_blocks, self.block_tokens, is_exact=False)
+
+    def remove_backend(self, backend: str) -> None:
+        """Forget every claim of ``backend``. O(entries)."""
+        blocks = self._blocks
+        for h in [h for h, holders in blocks.items() if backend in holders]:
+            holders = blocks[h]
+            del holders[backend]
+            if not holders:
+                del blocks[h]
+
+    def entries(self, since_s: float | None = None) -> list[Entry]:
+        """Every claim as ``(hash, backend, recorded_s)``; only newer than ``since_s`` if given."""
+        return [(h, name, t) for h, holders in self._blocks.items()
+                for name, t in holders.items() if since_s is None or t > since_s]
+
+    def merge(self, entries: Iterable[Entry], now_s: float | None = None) -> None:
+        """Fold in another replica's claims, keeping the latest time per (hash, backend).
+
+        Claims already expired at ``now_s`` (when given) are skipped. Merged blocks count as
+        recently used (oldest claims first), then the LRU bound applies. O(entries log entries).
+        """
+        blocks = self._blocks
+        oldest_s = _NEVER if now_s is None else now_s - self.ttl_s
+        for h, backend, recorded_s in sorted(entries, key=lambda entry: entry[2]):
+            if recorded_s < oldest_s:
+                continue
+            holders = blocks.get(h)
+            if holders is None:
+                blocks[h] = {backend: recorded_s}
+            elif recorded_s > holders.get(backend, _NEVER):
+                holders[backend] = recorded_s
+                blocks.move_to_end(h)
+        self._evict_over_bound()
+
+    def _prune(self, now_s: float) -> None:
+        blocks = self._blocks
+        oldest_s = now_s - self.ttl_s
+        while blocks:
+            h, holders = next(iter(blocks.items()))
+            if max(holders.values()) >= oldest_s:
+                break
+            del blocks[h]
+        self._evict_over_bound()
+
+    def _evict_over_bound(self) -> None:
+        blocks = self._blocks
+        while len(blocks) > self.max_entries:
+            blocks.popitem(last=False)

@@ -1,0 +1,106 @@
+"""``schedule()``: one routing decision — filters, then scorers, then the picker.
+
+The returned list is every surviving candidate: the picker's pick first, then the others by
+total score (ties in candidate order, starting after the pick), so a retry walks down the list
+to the next-best backend. Each :class:`Ranked` carries its total, each scorer's weighted
+contribution (recorded here, by the framework, under the scorer's type name) and the prompt
+tokens the backend is expected to have cached. An empty list means no backend can take the
+request (wrong model, all unhealthy, too long for every backend). ``max_ranked`` cuts the
+list to the pick and its best retries, which saves building the rest.
+
+Pure and cheap: no I/O, no clock (``now_s`` is passed in), randomness only from ``rng``. Cost:
+O(backends * plugins + backends log backends); timing each plugin is the caller's business.
+
+Example::
+
+    ranked = schedule(request, snapshot, profile_by_name("prefix_affinity"), now_s=12.0,
+                      rng=random.Random(7))
+    ranked[0].backend, ranked[0].reasons   # "w3", (("ttft", 4.0), ("prefix", 0.9), ...)
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from itertools import repeat
+from math import isnan
+from operator import add, mul
+from random import Random
+
+from routing.plugin import Cycle
+from routing.profile import SchedulingProfile
+from routing.types import FleetSnapshot, Ranked, RouteRequest
+
+
+def schedule(request: RouteRequest, snapshot: FleetSnapshot, profile: SchedulingProfile,
+             now_s: float, rng: Random, *, max_ranked: int | None = None) -> list[Ranked]:
+    """The candidates for ``request``, best first; see the module docstring.
+
+    ``max_ranked`` keeps only that many (the pick and the best retries); building a Ranked
+    for every one of a large fleet is most of a decision's cost.
+    """
+    if max_ranked is not None and max_ranked < 1:
+        raise ValueError(f"max_ranked must be >= 1 or None, got {max_ranked}")
+    cycle = Cycle(request, snapshot, now_s)
+    candidates = list(snapshot.backends)
+    for plugin in profile.filters:
+        candidates = plugin.filter(cycle, candidates)
+        if not candidates:
+            return []
+    num_candidates = len(candidates)
+    totals = [0.0] * num_candidates
+    columns = []
+    for weighted in profile.scorers:
+        scores = weighted.scorer.score(cycle, candidates)
+        if len(scores) != num_candidates:
+            raise ValueError(f"scorer {weighted.name!r} returned {len(scores)} scores "
+                             f"for {num_candidates} candidates")
+        column = _clamped_times(scores, weighted.weight)
+        totals = list(map(add, totals, column))
+        columns.append((weighted.name, column))
+    pick = profile.picker.pick(candidates, totals, rng)
+    if not 0 <= pick < num_candidates:
+        raise ValueError(f"picker of profile {profile.name!r} picked {pick} of "
+                         f"{num_candidates} candidates")
+    # The rest by score; the sort is stable, so ties keep candidate order from after the pick.
+    order = [*range(pick + 1, num_candidates), *range(pick)]
+    order.sort(key=totals.__getitem__, reverse=True)
+    order.insert(0, pick)
+    if max_ranked is not None:
+        del order[max_ranked:]
+    reasons: list[tuple[tuple[str, float], ...]] = (
+        list(zip(*[[(name, column[i]) for i in order] for name, column in columns], strict=True))
+        if columns else [()] * len(order))
+    num_blocks = snapshot.prefix.num_blocks
+    block_tokens = snapshot.prefix.block_tokens
+    num_prompt_tokens = request.num_prompt_tokens
+    ranked = []
+    for i, item_reasons in zip(order, reasons, strict=True):
+        name = candidates[i].name
+        num_cached = num_blocks.get(name, 0) * block_tokens if num_blocks else 0
+        item = _new_ranked(Ranked)
+        _set_backend(item, name)
+        _set_score(item, totals[i])
+        _set_reasons(item, item_reasons)
+        _set_expected_cached_tokens(item, min(num_cached, num_prompt_tokens))
+        ranked.append(item)
+    return ranked
+
+
+def _clamped_times(scores: list[float], weight: float) -> list[float]:
+    """Each score clamped to [0, 1] (NaN to 0), times ``weight``."""
+    if min(scores) >= 0.0 and max(scores) <= 1.0 and not isnan(sum(scores)):
+        return scores if weight == 1.0 else list(map(mul, scores, repeat(weight)))
+    return [weight if s >= 1.0 else weight * s if s > 0.0 else 0.0 for s in scores]
+
+
+# Building the Ranked list is the largest cost of a decision: a frozen dataclass's __init__
+# sets each field through object.__setattr__. Setting the slots directly builds the same
+# objects in half the time (tests/routing/test_scheduler.py checks they compare equal to
+# constructed ones). If Ranked's fields change, this fails at import, not silently.
+if [f.name for f in fields(Ranked)] != ["backend", "score", "reasons", "expected_cached_tokens"]:
+    raise ImportError("routing.scheduler builds Ranked by its slots; update it to Ranked's fields")
+_new_ranked = object.__new__
+_set_backend = vars(Ranked)["backend"].__set__
+_set_score = vars(Ranked)["score"].__set__
+_set_reasons = vars(Ranked)["reasons"].__set__
+_set_expected_cached_tokens = vars(Ranked)["expected_cached_tokens"].__set__
