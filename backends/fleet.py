@@ -98,8 +98,9 @@ class FleetSync:
         self._poll_interval_s = poll_interval_s
         self._scrape_interval_s = scrape_interval_s
         self._on_change = on_change
-        self._stream_ids: dict[str, bytes] = {}  # worker name -> last KV stream id applied
-        self._epochs: dict[str, str] = {}
+        self._stream_ids: dict[str, bytes] = {}  # backend name -> last KV stream id applied
+        self._epochs: dict[str, str] = {}  # backend name -> its worker's current epoch
+        self._worker_ids: dict[str, str] = {}  # backend name -> worker id (names its streams)
         self._streams_changed = asyncio.Event()
 
     def start(self) -> list[asyncio.Task[None]]:
@@ -161,6 +162,7 @@ class FleetSync:
             self._forget(backend.name)  # restarted: its cache is empty, reload from snapshot
             self._streams_changed.set()
         self._epochs[backend.name] = str(doc.get("epoch"))
+        self._worker_ids[backend.name] = str(doc["id"])
         backend.profile = profile_from_heartbeat(doc)
         load = doc.get("load") or {}
         backend.num_running = int(load.get("num_running", 0))
@@ -175,6 +177,7 @@ class FleetSync:
     def _forget(self, name: str) -> None:
         self._stream_ids.pop(name, None)
         self._epochs.pop(name, None)
+        self._worker_ids.pop(name, None)
         if self._index is not None:
             self._index.remove_backend(name)
 
@@ -218,9 +221,9 @@ class FleetSync:
         for name in workers:
             if name not in self._stream_ids:
                 await self._load_snapshot(name)
-        streams: dict[Any, Any] = {
-            kv_stream_key(n): self._stream_ids[n] for n in workers if n in self._stream_ids
-        }
+        names_by_stream = {kv_stream_key(self._worker_ids[n]): n for n in workers
+                           if n in self._stream_ids and n in self._worker_ids}
+        streams: dict[Any, Any] = {key: self._stream_ids[n] for key, n in names_by_stream.items()}
         if not streams:
             self._streams_changed.clear()
             with contextlib.suppress(TimeoutError):
@@ -228,18 +231,18 @@ class FleetSync:
             return
         replies: Any = await self._redis.xread(dict(streams), count=1000, block=200)
         for stream, entries in replies or []:
-            name = _worker_of_stream(stream.decode() if isinstance(stream, bytes) else stream)
-            if name not in self._stream_ids:
+            owner = names_by_stream.get(stream.decode() if isinstance(stream, bytes) else stream)
+            if owner is None or owner not in self._stream_ids:
                 continue
             for entry_id, fields in entries:
                 kind = fields[b"type"].decode()
                 if kind in ("stored", "removed", "cleared"):
-                    self._index.apply(name, kind, unpack_hashes(fields[b"h"]))
-                self._stream_ids[name] = entry_id
+                    self._index.apply(owner, kind, unpack_hashes(fields[b"h"]))
+                self._stream_ids[owner] = entry_id
 
     async def _load_snapshot(self, name: str) -> None:
         assert self._index is not None
-        snapshot: Any = await self._redis.hgetall(kv_snapshot_key(name))
+        snapshot: Any = await self._redis.hgetall(kv_snapshot_key(self._worker_ids[name]))
         self._index.apply(name, "cleared", [])
         if snapshot:
             self._index.load_snapshot(name, unpack_hashes(snapshot[b"h"]))
@@ -247,7 +250,3 @@ class FleetSync:
         else:
             self._stream_ids[name] = b"0-0"
 
-
-def _worker_of_stream(stream: str) -> str:
-    # "sy:kv:{<id>}" -> "<id>"
-    return stream[stream.index("{") + 1: stream.rindex("}")]

@@ -57,9 +57,14 @@ def run(args: argparse.Namespace) -> int:
     with ProcessGroup(log_dir=workdir) as group:
         redis_url = args.redis_url or start_redis(group, workdir)
         model = args.model or (SIM_MODEL if args.engine == "sim" else MOCK_MODEL)
-        backends = _start_engines(group, args, model, redis_url)
-        for backend in backends:
-            wait_http(f"{backend['url']}/health", group=group)
+        urls = _start_engines(group, args, model, redis_url)
+        for url in urls:
+            wait_http(f"{url}/health", group=group)
+        # Simulated workers join through their Redis heartbeats (no list needed); the mock
+        # engines, like any engine switchyard did not start, are listed.
+        backends = [] if args.engine == "sim" else [
+            {"name": f"mock-{i}", "url": url, "models": [model]} for i, url in enumerate(urls)
+        ]
         admin_token = secrets.token_urlsafe(24)
         config = {
             "listen": {"host": args.host, "port": args.port},
@@ -67,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
             "admin_token": admin_token,
             "key_secret": secrets.token_urlsafe(32),
             "backends": backends,
+            "routing": {"tokenizers": {model: args.tokenizer} if args.engine == "sim" else {}},
             "drain_timeout_s": 10,
         }
         config_path = workdir / "switchyard.yaml"
@@ -90,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _start_engines(
     group: ProcessGroup, args: argparse.Namespace, model: str, redis_url: str
-) -> list[dict[str, object]]:
+) -> list[str]:
     if args.engine == "sim":
         base_port = free_port_range(args.workers)
         group.spawn("sim", python_module_argv(
@@ -105,8 +111,7 @@ def _start_engines(
                 "backends.mock", "--port", str(port), "--model", model,
                 "--token-delay-ms", str(args.token_delay_ms),
             ))
-    return [{"name": f"{args.engine}-{index}", "url": f"http://127.0.0.1:{port}",
-             "models": [model]} for index, port in enumerate(ports)]
+    return [f"http://127.0.0.1:{port}" for port in ports]
 
 
 def _demo_key(base: str, admin_token: str) -> str:
