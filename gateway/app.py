@@ -17,7 +17,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import redis.asyncio as aioredis
 from aiohttp import web
+from redis.exceptions import RedisError
 
+from backends.approx_sync import ApproxIndexSync
 from backends.fleet import FleetSync
 from backends.health import HealthChecker
 from backends.registry import Backend, BackendRegistry
@@ -138,6 +140,14 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             asyncio.create_task(checker.run(), name="health-checks"),
             asyncio.create_task(auth.listen_for_invalidations(), name="auth-invalidation"),
         ]
+        approx_sync = ApproxIndexSync(redis, router.approx_index, new_request_id(),
+                                      ttl_s=settings.routing.approx_ttl_s)
+        router.on_record = approx_sync.record
+        try:
+            await approx_sync.catch_up()
+        except (RedisError, OSError) as exc:
+            log.warning("approximate index: cannot catch up from Redis yet: %s", exc)
+        tasks.append(asyncio.create_task(approx_sync.run(), name="approx-index-sync"))
         if settings.routing.discover_workers:
             fleet = FleetSync(registry, redis, upstream.session, index=router.exact_index)
             await fleet.poll_members_once()  # workers already beating are known at start

@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,8 @@ class Router:
         self.max_age_s = max_age_s
         self._rng = random.Random(seed)
         self._segments = _SegmentCache()
+        # Called with each decision the approximate index learns (to share it with replicas).
+        self.on_record: Callable[[tuple[int, ...], str, float], None] | None = None
 
     # -- the request ----------------------------------------------------------------------
     def describe(self, model: str, body: dict[str, Any], tenant_id: str | None) -> RoutePlan:
@@ -159,7 +162,8 @@ class Router:
             if exact.num_blocks:
                 return exact
         if request.char_hashes:
-            return self.approx_index.match(request.char_hashes, now_s)
+            # Wall-clock time: claims are shared with other replicas through Redis.
+            return self.approx_index.match(request.char_hashes, time.time())
         return PrefixMatch()
 
     # -- bookkeeping ----------------------------------------------------------------------
@@ -168,7 +172,10 @@ class Router:
         backend.num_in_flight_tokens += plan.reserved_tokens
         backend.num_in_flight_prompt_tokens += plan.request.num_prompt_tokens
         if plan.request.char_hashes:
-            self.approx_index.record(plan.request.char_hashes, backend.name, time.monotonic())
+            now_s = time.time()
+            self.approx_index.record(plan.request.char_hashes, backend.name, now_s)
+            if self.on_record is not None:
+                self.on_record(plan.request.char_hashes, backend.name, now_s)
 
     def first_token(self, backend: Backend, plan: RoutePlan) -> None:
         backend.num_in_flight_prompt_tokens -= plan.request.num_prompt_tokens

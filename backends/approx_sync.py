@@ -1,0 +1,112 @@
+"""Share the approximate prefix index across gateway replicas through a Redis stream.
+
+Each replica records its own routing decisions locally (``ApproxPrefixIndex.record``) and
+appends them, batched every ``flush_interval_s``, to the stream ``sy:approx`` (fields ``r`` the
+replica, ``b`` the backend, ``t`` unix seconds, ``h`` the character-block hashes packed as
+little-endian uint64). Every replica reads the stream and merges the others' claims, so they
+agree on who holds what within about one flush interval plus a read. A replica that starts
+reads the last ``ttl_s`` of the stream first (stream ids are millisecond timestamps), so it
+catches up with no extra state. The stream is trimmed to about ``stream_maxlen`` entries.
+
+Example::
+
+    sync = ApproxIndexSync(redis, router.approx_index, replica_id="gw-1", ttl_s=600)
+    router.on_record = sync.record
+    await sync.catch_up()
+    task = asyncio.create_task(sync.run())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from backends.publisher import pack_hashes, unpack_hashes
+from routing.index_approx import ApproxPrefixIndex
+
+log = logging.getLogger(__name__)
+
+APPROX_STREAM = "sy:approx"
+
+
+class ApproxIndexSync:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        index: ApproxPrefixIndex,
+        replica_id: str,
+        *,
+        ttl_s: float,
+        flush_interval_s: float = 0.1,
+        stream_maxlen: int = 200_000,
+    ) -> None:
+        self._redis = redis
+        self._index = index
+        self.replica_id = replica_id
+        self._ttl_s = ttl_s
+        self._flush_interval_s = flush_interval_s
+        self._stream_maxlen = stream_maxlen
+        self._pending: list[tuple[tuple[int, ...], str, float]] = []
+        self._last_id: bytes | str = "$"
+        self.num_merged = 0
+
+    def record(self, char_hashes: tuple[int, ...], backend: str, recorded_s: float) -> None:
+        """Queue a local decision for the other replicas; never blocks."""
+        self._pending.append((char_hashes, backend, recorded_s))
+
+    async def catch_up(self) -> None:
+        """Merge the claims other replicas made within the last ``ttl_s``."""
+        since_ms = int((time.time() - self._ttl_s) * 1000)
+        entries: Any = await self._redis.xrange(APPROX_STREAM, min=f"{since_ms}-0", max="+",
+                                                count=self._stream_maxlen)
+        self._merge(entries)
+        self._last_id = entries[-1][0] if entries else f"{int(time.time() * 1000)}-0"
+
+    async def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for hashes, backend, recorded_s in pending:
+                    pipe.xadd(APPROX_STREAM, {"r": self.replica_id, "b": backend,
+                                              "t": f"{recorded_s:.3f}", "h": pack_hashes(hashes)},
+                              maxlen=self._stream_maxlen, approximate=True)
+                await pipe.execute()
+        except BaseException:
+            self._pending[:0] = pending
+            raise
+
+    async def run(self) -> None:
+        """Until cancelled: publish local decisions, merge the other replicas'."""
+        while True:
+            try:
+                await self.flush()
+                replies: Any = await self._redis.xread(
+                    {APPROX_STREAM: self._last_id}, count=10_000,
+                    block=int(self._flush_interval_s * 1000))
+                for _, entries in replies or []:
+                    self._merge(entries)
+                    if entries:
+                        self._last_id = entries[-1][0]
+            except (RedisError, OSError) as exc:
+                log.warning("approximate index sync: %s", exc)
+                await asyncio.sleep(1.0)
+
+    def _merge(self, entries: Any) -> None:
+        own = self.replica_id.encode()
+        claims: list[tuple[int, str, float]] = []
+        for _, fields in entries:
+            if fields.get(b"r") == own:
+                continue  # already in the local index
+            backend = fields[b"b"].decode()
+            recorded_s = float(fields[b"t"])
+            claims.extend((h, backend, recorded_s) for h in unpack_hashes(fields[b"h"]))
+        if claims:
+            self._index.merge(claims, now_s=time.time())
+            self.num_merged += len(claims)

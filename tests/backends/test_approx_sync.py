@@ -1,0 +1,76 @@
+"""Two gateway replicas' approximate prefix indexes converge through a real Redis stream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from backends.approx_sync import APPROX_STREAM, ApproxIndexSync
+from routing.index_approx import ApproxPrefixIndex
+from routing.prefix import char_block_hashes
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    await client.delete(APPROX_STREAM)
+    yield client
+    await client.delete(APPROX_STREAM)
+    await client.aclose()
+
+
+async def _until(predicate: object, timeout_s: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+async def test_two_replicas_converge_and_a_late_one_catches_up(redis: aioredis.Redis) -> None:
+    text_a = "system prompt of tenant A " * 20
+    text_b = "system prompt of tenant B " * 20
+    chain_a = tuple(char_block_hashes(text_a, 64, "m"))
+    chain_b = tuple(char_block_hashes(text_b, 64, "m"))
+    replicas = []
+    for name in ("gw-1", "gw-2"):
+        index = ApproxPrefixIndex(ttl_s=60)
+        sync = ApproxIndexSync(redis, index, name, ttl_s=60, flush_interval_s=0.02)
+        await sync.catch_up()
+        replicas.append((index, sync, asyncio.create_task(sync.run())))
+    try:
+        (index_1, sync_1, _), (index_2, sync_2, _) = replicas
+        now_s = time.time()
+        index_1.record(chain_a, "w0", now_s)
+        sync_1.record(chain_a, "w0", now_s)
+        index_2.record(chain_b, "w3", now_s)
+        sync_2.record(chain_b, "w3", now_s)
+        assert await _until(lambda: index_2.match(chain_a, time.time()).num_blocks.get("w0")
+                            == len(chain_a))
+        assert await _until(lambda: index_1.match(chain_b, time.time()).num_blocks.get("w3")
+                            == len(chain_b))
+        late = ApproxPrefixIndex(ttl_s=60)
+        await ApproxIndexSync(redis, late, "gw-3", ttl_s=60).catch_up()
+        assert late.match(chain_a, time.time()).num_blocks == {"w0": len(chain_a)}
+        assert late.match(chain_b, time.time()).num_blocks == {"w3": len(chain_b)}
+    finally:
+        for _, _, task in replicas:
+            task.cancel()
+        for _, _, task in replicas:
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+
+async def test_expired_claims_are_not_caught_up(redis: aioredis.Redis) -> None:
+    chain = tuple(char_block_hashes("x" * 256, 64, "m"))
+    writer = ApproxIndexSync(redis, ApproxPrefixIndex(ttl_s=60), "gw-1", ttl_s=60)
+    writer.record(chain, "w0", time.time() - 120)  # recorded two minutes ago
+    await writer.flush()
+    late = ApproxPrefixIndex(ttl_s=60)
+    await ApproxIndexSync(redis, late, "gw-2", ttl_s=60).catch_up()
+    assert late.match(chain, time.time()).num_blocks == {}
