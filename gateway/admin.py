@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import time
+from dataclasses import asdict
 from typing import Any
 
 import orjson
@@ -216,3 +217,23 @@ async def revoke_key(request: web.Request) -> web.Response:
     if key is None:
         raise APIError.not_found(f"No key {request.match_info['key_id']!r}.", param="key_id")
     return _json(key.to_json())
+
+
+@routes.get("/admin/fleet")
+async def get_fleet(request: web.Request) -> web.Response:
+    """Every backend as routing sees it now: membership source, health, load and its age."""
+    gw = _admin(request)
+    now_s = time.monotonic()
+    data = []
+    for backend in gw.registry.backends:
+        state = backend.state(now_s)
+        data.append({
+            "name": backend.name, "url": backend.url, "models": sorted(backend.models),
+            "source": backend.source, "is_healthy": backend.is_healthy,
+            "last_error": backend.last_error or None, "load_age_s": round(state.age_s, 3),
+            "num_running": backend.num_running, "num_waiting": backend.num_waiting,
+            "kv_usage": backend.kv_usage,
+            "num_queued_prefill_tokens": backend.num_queued_prefill_tokens,
+            "num_in_flight": backend.num_in_flight, "profile": asdict(backend.profile),
+        })
+    return _json({"object": "list", "routing_profile": gw.router.profile.name, "data": data})

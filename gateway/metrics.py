@@ -68,12 +68,26 @@ class GatewayMetrics:
             ["code"],
             registry=self.registry,
         )
+        self.routing_prompt_tokens = Counter(
+            "switchyard_routing_prompt_tokens",
+            "Prompt tokens of routed requests (the denominator of the expected prefix-hit ratio).",
+            registry=self.registry,
+        )
+        self.routing_expected_cached_tokens = Counter(
+            "switchyard_routing_expected_cached_tokens",
+            "Prompt tokens the chosen backend was expected to hold in its prefix cache.",
+            registry=self.registry,
+        )
         self._request_children: dict[tuple[str, str, int], Counter] = {}
         self._duration_children = {
             route: self.request_duration.labels(route) for route in ("chat", "completions")
         }
         for name in backend_names:
             self.backend_healthy.labels(name).set(1)
+
+    def observe_routing(self, num_prompt_tokens: int, num_expected_cached_tokens: int) -> None:
+        self.routing_prompt_tokens.inc(num_prompt_tokens)
+        self.routing_expected_cached_tokens.inc(num_expected_cached_tokens)
 
     def observe_request(self, route: str, model: str, status: int, duration_s: float) -> None:
         label = model if model in self._known_models else "other"

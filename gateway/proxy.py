@@ -93,11 +93,13 @@ async def _forward(
     router = gw.router
     max_attempts = 2 if gw.settings.upstream.retry_before_first_byte else 1
     plan = router.describe(parsed.model, parsed.body, tenant_id)
-    attempts = router.rank(plan, max_ranked=max_attempts)
-    if not attempts:
+    ranked = router.rank(plan, max_ranked=max_attempts)
+    if not ranked:
         raise APIError.unavailable(
             f"No healthy backend serves {parsed.model!r} right now; retry shortly.", 2
         )
+    gw.metrics.observe_routing(plan.request.num_prompt_tokens, ranked[0][1].expected_cached_tokens)
+    attempts = [backend for backend, _ in ranked]
     headers = {"Content-Type": "application/json", "X-Request-Id": request[REQUEST_ID]}
     for name in _FORWARDED_HEADERS:
         value = request.headers.get(name)

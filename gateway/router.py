@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections import OrderedDict
@@ -34,9 +35,10 @@ from routing.index_exact import ExactPrefixIndex
 from routing.prefix import char_block_hashes, token_block_hashes
 from routing.profile import SchedulingProfile
 from routing.scheduler import schedule
-from routing.types import FleetSnapshot, PrefixMatch, RouteRequest
+from routing.types import FleetSnapshot, PrefixMatch, Ranked, RouteRequest
 
 _IM_START = "<|im_start|>"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +142,8 @@ class Router:
         return None
 
     # -- the decision ---------------------------------------------------------------------
-    def rank(self, plan: RoutePlan, max_ranked: int = 2) -> list[Backend]:
+    def rank(self, plan: RoutePlan, max_ranked: int = 2) -> list[tuple[Backend, Ranked]]:
+        """The backends to try, best first, each with its score, reasons and expected hit."""
         request = plan.request
         pool = self.registry.for_model(request.model)
         if not pool:
@@ -154,7 +157,12 @@ class Router:
         ranked = schedule(request, snapshot, self.profile, now_s, self._rng,
                           max_ranked=max_ranked)
         by_name = {b.name: b for b in pool}
-        return [by_name[r.backend] for r in ranked if r.backend in by_name]
+        if log.isEnabledFor(logging.DEBUG) and ranked:
+            best = ranked[0]
+            log.debug("route %s -> %s score=%.3f expected_cached=%d reasons=%s",
+                      request.model, best.backend, best.score, best.expected_cached_tokens,
+                      best.reasons)
+        return [(by_name[r.backend], r) for r in ranked if r.backend in by_name]
 
     def _match(self, request: RouteRequest, now_s: float) -> PrefixMatch:
         if request.block_hashes:

@@ -68,6 +68,12 @@ def test_workers_join_by_heartbeat_and_leave_when_it_expires(tmp_path: Path) -> 
             return len(served) == 3
 
         assert wait_until(both_serve, timeout_s=10, interval_s=0.01), served
+        fleet = gateway.admin.get("/admin/fleet").json()
+        assert fleet["routing_profile"] == "prefix_affinity"
+        assert {b["source"] for b in fleet["data"]} == {"heartbeat"}
+        assert len(fleet["data"]) == 3
+        assert all(b["profile"]["num_kv_blocks"] > 0 and b["load_age_s"] < 5
+                   for b in fleet["data"])
         second.send_signal(signal.SIGKILL)  # a crash: no withdrawal, only the TTL expires
         second.wait()
         time.sleep(6)  # heartbeat TTL (5 s) plus a poll
@@ -93,6 +99,15 @@ def test_a_metrics_only_engine_gets_load_aware_routing(tmp_path: Path) -> None:
         metrics = httpx.get(gateway.url + "/metrics").text
         assert 'switchyard_requests_total{model="switchyard-sim",route="chat",status="200"}' \
             in metrics
+        values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in metrics.splitlines()
+                  if line.startswith("switchyard_routing_")}
+        # 5 of the 6 requests were routed to a backend expected to hold the shared prefix.
+        ratio = values["switchyard_routing_expected_cached_tokens_total"] / values[
+            "switchyard_routing_prompt_tokens_total"]
+        assert ratio > 0.5, values
+        fleet = gateway.admin.get("/admin/fleet").json()["data"]
+        assert {b["source"] for b in fleet} == {"config"}
+        assert all(b["load_age_s"] < 3 for b in fleet)  # scraped from /metrics
 
 
 def _cached_fraction(gateway: Gateway, key: str, label: str, seed: int) -> float:
