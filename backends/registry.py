@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import inf
 
 from routing.types import BackendProfile, BackendState
 
@@ -43,7 +44,8 @@ class Backend:
 
     def state(self, now_s: float) -> BackendState:
         """This backend as routing sees it at ``now_s`` (monotonic)."""
-        age_s = 0.0 if self.load_observed_s is None else max(0.0, now_s - self.load_observed_s)
+        # Never observed: stale, so routing treats it as unknown, never as idle.
+        age_s = inf if self.load_observed_s is None else max(0.0, now_s - self.load_observed_s)
         return BackendState(
             name=self.name, models=self.models, is_healthy=self.is_healthy, age_s=age_s,
             weight=self.weight, profile=self.profile, num_running=self.num_running,

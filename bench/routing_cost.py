@@ -15,7 +15,7 @@ for ``prefix_affinity``, the default profile, ranking all 64); nothing is assert
 machine other processes only ever add time, so the figures come from the quietest round (lowest
 p99), next to the median round's p99, the process CPU per call and how busy the other
 processes kept the machine. ``top 4`` is the same decision asked for the pick and three
-retries only (``max_ranked=4``), as the gateway calls it.
+retries only (``max_ranked=4``), as a gateway that retries three times would ask.
 """
 
 from __future__ import annotations
@@ -172,7 +172,6 @@ def main(argv: Sequence[str] | None = None) -> int:
           "processes' busy cores meanwhile")
     print(f"{'what':<26}{'p50 us':>9}{'p99 us':>9}{'p99 med':>9}{'cpu us':>9}{'others':>8}")
     setup = Setup.build()
-    verdict = 0
     for label, name, max_ranked in cases:
         rounds = [measure(setup, name, num_calls, max_ranked) for _ in range(num_rounds)]
         best = quietest(rounds)
@@ -184,8 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == DEFAULT_PROFILE and max_ranked is None:
             status = "PASS" if best.p99_us <= TARGET_P99_US else "FAIL"
             print(f"  target p99 <= {TARGET_P99_US:g} us (all {NUM_BACKENDS} ranked): {status}")
-            verdict = 0 if status == "PASS" else 1
-    return verdict
+    return 0
 
 
 if __name__ == "__main__":

@@ -41,21 +41,27 @@ class Cycle:
         fresh = [b for b in snapshot.backends if not cycle.is_stale(b)]
     """
 
-    __slots__ = ("now_s", "request", "snapshot", "stale_after_s")
+    __slots__ = ("_has_stale", "_stale_checked", "now_s", "request", "snapshot", "stale_after_s")
 
     def __init__(self, request: RouteRequest, snapshot: FleetSnapshot, now_s: float) -> None:
         self.request = request
         self.snapshot = snapshot
         self.now_s = now_s
         self.stale_after_s = snapshot.max_age_s - max(0.0, now_s - snapshot.now_s)
+        self._stale_checked: Sequence[BackendState] | None = None
+        self._has_stale = False
 
     def is_stale(self, backend: BackendState) -> bool:
         """Load figures too old to trust: the backend is unknown, never idle."""
         return backend.age_s > self.stale_after_s
 
     def has_stale(self, candidates: Sequence[BackendState]) -> bool:
-        """Whether any of ``candidates`` is stale (one C-level pass)."""
-        return bool(candidates) and max(map(_AGE_S, candidates)) > self.stale_after_s
+        """Whether any of ``candidates`` is stale; remembered for the list last asked about,
+        as every scorer of a call asks about the same one."""
+        if candidates is not self._stale_checked:
+            self._stale_checked = candidates
+            self._has_stale = bool(candidates) and max(map(_AGE_S, candidates)) > self.stale_after_s
+        return self._has_stale
 
     def num_cached_tokens(self, backend: BackendState) -> int:
         """Prompt tokens ``backend`` is expected to hold already, from the snapshot's match."""

@@ -48,14 +48,14 @@ def schedule(request: RouteRequest, snapshot: FleetSnapshot, profile: Scheduling
             return []
     num_candidates = len(candidates)
     totals = [0.0] * num_candidates
-    columns = []
+    columns: list[tuple[str, list[float]]] = []
     for weighted in profile.scorers:
         scores = weighted.scorer.score(cycle, candidates)
         if len(scores) != num_candidates:
             raise ValueError(f"scorer {weighted.name!r} returned {len(scores)} scores "
                              f"for {num_candidates} candidates")
         column = _clamped_times(scores, weighted.weight)
-        totals = list(map(add, totals, column))
+        totals = list(map(add, totals, column)) if columns else column
         columns.append((weighted.name, column))
     pick = profile.picker.pick(candidates, totals, rng)
     if not 0 <= pick < num_candidates:
@@ -81,7 +81,8 @@ def schedule(request: RouteRequest, snapshot: FleetSnapshot, profile: Scheduling
         _set_backend(item, name)
         _set_score(item, totals[i])
         _set_reasons(item, item_reasons)
-        _set_expected_cached_tokens(item, min(num_cached, num_prompt_tokens))
+        _set_expected_cached_tokens(
+            item, num_cached if num_cached < num_prompt_tokens else num_prompt_tokens)
         ranked.append(item)
     return ranked
 

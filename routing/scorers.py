@@ -18,7 +18,6 @@ Example config::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import add, attrgetter
 from typing import TypeVar
 
 from routing.plugin import Cycle
@@ -26,10 +25,6 @@ from routing.registry import register_scorer
 from routing.types import BackendState
 
 _Number = TypeVar("_Number", int, float)
-_NUM_WAITING = attrgetter("num_waiting")
-_NUM_IN_FLIGHT = attrgetter("num_in_flight")
-_NUM_IN_FLIGHT_TOKENS = attrgetter("num_in_flight_tokens")
-_KV_USAGE = attrgetter("kv_usage")
 
 
 def worst_if_stale(cycle: Cycle, candidates: Sequence[BackendState],
@@ -75,10 +70,13 @@ class QueueScorer:
     """
 
     def score(self, cycle: Cycle, candidates: Sequence[BackendState]) -> list[float]:
-        waiting = worst_if_stale(cycle, candidates, list(map(_NUM_WAITING, candidates)))
-        loads = list(map(add, waiting, map(_NUM_IN_FLIGHT, candidates)))
-        least = min(loads) + 1.0
-        return [least / (load + 1.0) for load in loads]
+        if cycle.has_stale(candidates):
+            waiting = worst_if_stale(cycle, candidates, [b.num_waiting for b in candidates])
+            loads = [1.0 + w + b.num_in_flight for b, w in zip(candidates, waiting, strict=True)]
+        else:
+            loads = [1.0 + b.num_waiting + b.num_in_flight for b in candidates]
+        least = min(loads)
+        return [least / load for load in loads]
 
 
 @register_scorer("kv_usage")
@@ -86,7 +84,7 @@ class KvUsageScorer:
     """Free KV cache scores higher: ``1 - kv_usage``."""
 
     def score(self, cycle: Cycle, candidates: Sequence[BackendState]) -> list[float]:
-        usage = worst_if_stale(cycle, candidates, list(map(_KV_USAGE, candidates)))
+        usage = worst_if_stale(cycle, candidates, [b.kv_usage for b in candidates])
         return [1.0 - u for u in usage]
 
 
@@ -95,7 +93,7 @@ class InFlightTokensScorer:
     """Fewer tokens in flight from this gateway scores higher: ``1 - tokens / most``."""
 
     def score(self, cycle: Cycle, candidates: Sequence[BackendState]) -> list[float]:
-        tokens = list(map(_NUM_IN_FLIGHT_TOKENS, candidates))
+        tokens = [b.num_in_flight_tokens for b in candidates]
         most = max(tokens)
         if most <= 0:
             return [1.0] * len(candidates)

@@ -44,7 +44,7 @@ def test_failures_take_a_backend_out_until_it_succeeds() -> None:
 @pytest.mark.parametrize(
     ("observed_s", "now_s", "age_s"),
     [
-        pytest.param(None, 10.0, 0.0, id="never-observed"),
+        pytest.param(None, 10.0, float("inf"), id="never-observed-is-stale"),
         pytest.param(8.0, 10.0, 2.0, id="two-seconds-old"),
         pytest.param(12.0, 10.0, 0.0, id="clock-skew-clamped"),
     ],
