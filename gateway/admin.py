@@ -230,7 +230,8 @@ async def get_fleet(request: web.Request) -> web.Response:
         data.append({
             "name": backend.name, "url": backend.url, "models": sorted(backend.models),
             "source": backend.source, "is_healthy": backend.is_healthy,
-            "last_error": backend.last_error or None, "load_age_s": round(state.age_s, 3) if state.age_s != float("inf") else None,
+            "last_error": backend.last_error or None,
+            "load_age_s": round(state.age_s, 3) if state.age_s != float("inf") else None,
             "num_running": backend.num_running, "num_waiting": backend.num_waiting,
             "kv_usage": backend.kv_usage,
             "num_queued_prefill_tokens": backend.num_queued_prefill_tokens,
