@@ -1,0 +1,216 @@
+"""Tenant quotas in Redis, exact across gateway replicas: one Lua script call per request.
+
+``acquire`` checks and charges requests per minute, tokens per minute (prompt plus reserved
+output) and a concurrency lease atomically on the Redis server's clock; ``settle`` releases the
+lease and moves the token charge to the actual count; ``renew`` keeps a long stream's lease
+alive. Every Redis call is bounded by ``timeout_s``; on a Redis error the store fails open (an
+in-process limiter, admission/quota_local.py) or closed (a 503 decision). Keys and the algorithm:
+docs/redis.md, "Quotas".
+
+Example::
+
+    store = QuotaStore(redis, lease_ttl_s=60.0, fail_mode="open", timeout_s=0.25)
+    decision = await store.acquire(tenant.id, tenant.limits, tokens=1200, request_id=rid)
+    if not decision.is_allowed:
+        ...  # decision.http_status, decision.message(), decision.headers()
+    try:
+        ...  # serve; renew every lease_ttl_s / 3 while streaming
+    finally:
+        await store.settle(tenant.id, tenant.limits, reserved_tokens=1200, actual_tokens=used,
+                           request_id=rid)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError, RedisError
+
+from admission.quota_local import LocalLimiter
+from admission.quota_lua import ACQUIRE_SCRIPT, RENEW_SCRIPT, SETTLE_SCRIPT, LuaScript
+from admission.quota_types import (
+    REFUSED_BY_CODE,
+    LimitsLike,
+    QuotaDecision,
+    QuotaLimits,
+    normalize_limit,
+)
+
+__all__ = ["FailMode", "QuotaDecision", "QuotaLimits", "QuotaStore", "quota_keys"]
+
+log = logging.getLogger(__name__)
+
+FailMode = Literal["open", "closed"]
+_UNAVAILABLE = QuotaDecision(is_allowed=False, refused_by="unavailable")
+
+
+def quota_keys(tenant_id: str) -> tuple[str, str, str]:
+    """The tenant's request GCRA, token GCRA and lease set; one hash tag, so one cluster slot."""
+    prefix = f"sy:quota:{{{tenant_id}}}"
+    return f"{prefix}:req", f"{prefix}:tok", f"{prefix}:leases"
+
+
+class QuotaStore:
+    """Quotas and concurrency leases shared by every gateway replica through Redis.
+
+    ``concurrency_hint_ms`` caps the retry hint of a concurrency refusal: a slot frees when a
+    holder settles, which nobody can predict, so the hint is the time until the earliest lease
+    expires or this much, whichever is sooner. After a Redis error the store skips Redis for
+    ``outage_retry_s`` (so an outage costs no waiting), then tries it again.
+    """
+
+    def __init__(
+        self,
+        redis: aioredis.Redis | aioredis.RedisCluster,
+        *,
+        lease_ttl_s: float = 60.0,
+        fail_mode: FailMode = "open",
+        timeout_s: float = 0.25,
+        concurrency_hint_ms: int = 1000,
+        outage_retry_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if fail_mode not in ("open", "closed"):
+            raise ValueError(f"fail_mode must be 'open' or 'closed', not {fail_mode!r}")
+        self._redis = redis
+        self.lease_ttl_s = lease_ttl_s
+        self.fail_mode: FailMode = fail_mode
+        self._timeout_s = timeout_s
+        self._lease_ttl_ms = max(1, round(lease_ttl_s * 1000))
+        self._concurrency_hint_ms = concurrency_hint_ms
+        self._outage_retry_s = outage_retry_s
+        self._clock = clock
+        self._local = LocalLimiter(lease_ttl_s, concurrency_hint_ms)
+        self._skip_redis_until = 0.0
+        self._outage_started: float | None = None
+        self.num_acquires = 0
+        self.num_refused = 0
+        self.num_fail_open = 0
+        self.num_fail_closed = 0
+        self.num_redis_errors = 0
+        self.num_outages = 0
+        self.num_script_loads = 0
+
+    @property
+    def is_redis_down(self) -> bool:
+        """True from a Redis error until the next successful call."""
+        return self._outage_started is not None
+
+    def counters(self) -> dict[str, int]:
+        """Monotonic counters for metrics (``num_*``)."""
+        return {
+            "num_acquires": self.num_acquires,
+            "num_refused": self.num_refused,
+            "num_fail_open": self.num_fail_open,
+            "num_fail_closed": self.num_fail_closed,
+            "num_redis_errors": self.num_redis_errors,
+            "num_outages": self.num_outages,
+            "num_script_loads": self.num_script_loads,
+        }
+
+    async def acquire(self, tenant_id: str, limits: LimitsLike, *, tokens: int,
+                      request_id: str) -> QuotaDecision:
+        """Admit one request of ``tokens`` (prompt + reserved output) or say why not.
+
+        One ``EVALSHA``; all-or-nothing: a refused request charges nothing and holds no lease.
+        """
+        self.num_acquires += 1
+        rpm = normalize_limit(limits.requests_per_minute)
+        tpm = normalize_limit(limits.tokens_per_minute)
+        max_concurrent = normalize_limit(limits.max_concurrent)
+        args = (rpm, tpm, max_concurrent, tokens, request_id, self._lease_ttl_ms,
+                self._concurrency_hint_ms)
+        reply = await self._call(ACQUIRE_SCRIPT, quota_keys(tenant_id), args)
+        if reply is None:
+            decision = self._fallback(tenant_id, limits, tokens=tokens, request_id=request_id)
+        else:
+            allowed, code, retry_ms, rem_req, reset_req, rem_tok, reset_tok, num_leases = map(
+                int, reply.split())
+            decision = QuotaDecision(
+                is_allowed=bool(allowed), refused_by=REFUSED_BY_CODE[code],
+                retry_after_ms=retry_ms if retry_ms >= 0 else None,
+                limit_requests=rpm or None,
+                remaining_requests=rem_req if rpm else None,
+                reset_requests_ms=reset_req if rpm else None,
+                limit_tokens=tpm or None,
+                remaining_tokens=rem_tok if tpm else None,
+                reset_tokens_ms=reset_tok if tpm else None,
+                limit_concurrent=max_concurrent or None,
+                num_leases=num_leases if max_concurrent else None,
+                requested_tokens=tokens,
+            )
+        if not decision.is_allowed:
+            self.num_refused += 1
+        return decision
+
+    async def settle(self, tenant_id: str, limits: LimitsLike, *, reserved_tokens: int,
+                     actual_tokens: int, request_id: str) -> bool:
+        """Release the lease and charge ``actual_tokens`` instead of ``reserved_tokens`` (a
+        refund, or an extra charge when the answer ran over). Call it exactly once per admitted
+        request (in a ``finally``: completion or client disconnect), never for a refused one.
+        One script call; never raises. Returns whether a lease was released; if Redis is down,
+        the lease expires by its TTL and the refund is dropped."""
+        if self._local.holds(request_id):
+            return self._local.settle(tenant_id, limits, reserved_tokens=reserved_tokens,
+                                      actual_tokens=actual_tokens, request_id=request_id,
+                                      now_s=self._clock())
+        _, tok_key, leases_key = quota_keys(tenant_id)
+        tpm = normalize_limit(limits.tokens_per_minute)
+        reply = await self._call(SETTLE_SCRIPT, (tok_key, leases_key),
+                                 (tpm, reserved_tokens, actual_tokens, request_id))
+        return bool(reply)
+
+    async def renew(self, tenant_id: str, request_id: str) -> bool:
+        """Extend the lease by ``lease_ttl_s``; call every ``lease_ttl_s / 3`` while streaming.
+        False when the lease is gone (it expired, or was settled) or Redis is unreachable."""
+        if self._local.holds(request_id):
+            return self._local.renew(request_id, self._clock())
+        _, _, leases_key = quota_keys(tenant_id)
+        reply = await self._call(RENEW_SCRIPT, (leases_key,), (request_id, self._lease_ttl_ms))
+        return bool(reply)
+
+    # -- Redis I/O ---------------------------------------------------------------------
+    async def _call(self, script: LuaScript, keys: Sequence[str],
+                    args: Sequence[str | int]) -> Any:
+        """Run ``script``: its result, or None after an error or timeout (recorded)."""
+        if self._clock() < self._skip_redis_until:
+            return None
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                try:
+                    reply = await self._redis.evalsha(script.sha, len(keys), *keys, *args)
+                except NoScriptError:
+                    self.num_script_loads += 1
+                    reply = await self._redis.eval(script.text, len(keys), *keys, *args)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._on_error(exc)
+            return None
+        if self._outage_started is not None:
+            log.warning("quota store: Redis is back after %.1f s",
+                        self._clock() - self._outage_started)
+            self._outage_started = None
+        return reply
+
+    def _on_error(self, exc: BaseException) -> None:
+        self.num_redis_errors += 1
+        now_s = self._clock()
+        self._skip_redis_until = now_s + self._outage_retry_s
+        if self._outage_started is None:
+            self._outage_started = now_s
+            self.num_outages += 1
+            log.warning("quota store: Redis unreachable (%s: %s); failing %s until it answers",
+                        type(exc).__name__, exc, self.fail_mode)
+
+    def _fallback(self, tenant_id: str, limits: LimitsLike, *, tokens: int,
+                  request_id: str) -> QuotaDecision:
+        if self.fail_mode == "closed":
+            self.num_fail_closed += 1
+            return _UNAVAILABLE
+        self.num_fail_open += 1
+        return self._local.acquire(tenant_id, limits, tokens=tokens, request_id=request_id,
+                                   now_s=self._clock())
