@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import RedisError
 
+from admission.quota import QuotaStore
 from backends.approx_sync import ApproxIndexSync
 from backends.fleet import FleetSync
 from backends.health import HealthChecker
@@ -126,10 +127,14 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
         upstream = UpstreamClient(settings.upstream)
         await upstream.start()
         metrics = GatewayMetrics(registry.models(), [b.name for b in backends])
-        router = make_router(settings.routing, registry)
+        router = make_router(settings.routing, registry,
+                             default_output_tokens=settings.admission.default_output_tokens)
+        quotas = QuotaStore(redis, lease_ttl_s=settings.admission.lease_ttl_s,
+                            fail_mode=settings.admission.fail_mode,
+                            timeout_s=settings.admission.redis_timeout_s)
         app[GATEWAY] = Gateway(
             settings=settings, registry=registry, metrics=metrics, redis=redis, store=store,
-            auth=auth, upstream=upstream, router=router,
+            auth=auth, upstream=upstream, router=router, quotas=quotas,
         )
         checker = HealthChecker(
             registry, upstream.session, interval_s=settings.upstream.health_interval_s,
@@ -172,7 +177,9 @@ def scheduling_profile(settings: RoutingSettings) -> SchedulingProfile:
     return profile_by_name(settings.profile)
 
 
-def make_router(settings: RoutingSettings, registry: BackendRegistry) -> Router:
+def make_router(
+    settings: RoutingSettings, registry: BackendRegistry, *, default_output_tokens: int = 256
+) -> Router:
     from backends.tokenizer import get_tokenizer
 
     return Router(
@@ -185,4 +192,5 @@ def make_router(settings: RoutingSettings, registry: BackendRegistry) -> Router:
         block_chars=settings.block_chars,
         block_size=settings.block_size,
         max_age_s=settings.max_load_age_s,
+        default_output_tokens=default_output_tokens,
     )

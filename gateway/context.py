@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from admission.quota import QuotaStore
 from backends.registry import BackendRegistry
 from backends.upstream import UpstreamClient
 from gateway.auth import Authenticator
@@ -26,6 +27,7 @@ class Gateway:
     auth: Authenticator
     upstream: UpstreamClient
     router: Router
+    quotas: QuotaStore
     num_in_flight: int = 0
     is_draining: bool = False
 

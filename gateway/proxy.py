@@ -15,8 +15,10 @@ import orjson
 from aiohttp import web
 
 from backends.upstream import RETRYABLE_STATUSES, Opened, UpstreamFailure
+from gateway.admit import QuotaTicket, admit_quota, finish_quota, output_tokens_from, renew_lease
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, error_body
+from gateway.router import RoutePlan
 from gateway.validation import CompletionRequest, parse_completion_body
 
 _ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -54,7 +56,12 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
                 f"Your tenant may not use the model {model!r}; GET /v1/models lists the models "
                 "you may use.", code="model_not_allowed", param="model",
             )
-        response = await _forward(request, gw, route, parsed, raw, principal.tenant.id)
+        plan = gw.router.describe(model, parsed.body, principal.tenant.id)
+        ticket = await admit_quota(gw.quotas, principal, plan, request[REQUEST_ID])
+        try:
+            response = await _forward(request, gw, route, parsed, raw, plan, ticket)
+        finally:
+            finish_quota(ticket)
         status = response.status
         return response
     except APIError as exc:
@@ -88,11 +95,10 @@ async def _read_json_body(request: web.Request, gw: Gateway) -> bytes:
 
 async def _forward(
     request: web.Request, gw: Gateway, route: str, parsed: CompletionRequest, raw: bytes,
-    tenant_id: str,
+    plan: RoutePlan, ticket: QuotaTicket,
 ) -> web.StreamResponse:
     router = gw.router
     max_attempts = 2 if gw.settings.upstream.retry_before_first_byte else 1
-    plan = router.describe(parsed.model, parsed.body, tenant_id)
     ranked = router.rank(plan, max_ranked=max_attempts)
     if not ranked:
         raise APIError.unavailable(
@@ -144,14 +150,16 @@ async def _forward(
         router.first_token(opened.backend, plan)
     try:
         if is_sse:
-            return await _relay_stream(request, gw, opened)
-        return await _relay_body(request, gw, opened)
+            return await _relay_stream(request, gw, opened, ticket)
+        return await _relay_body(request, gw, opened, ticket)
     finally:
         router.finished(opened.backend, plan, had_first_token=is_sse)
         opened.response.close()
 
 
-async def _relay_body(request: web.Request, gw: Gateway, opened: Opened) -> web.Response:
+async def _relay_body(
+    request: web.Request, gw: Gateway, opened: Opened, ticket: QuotaTicket
+) -> web.Response:
     upstream = opened.response
     body = opened.first_chunk  # the whole body (read by open()), unless a stream was answered
     if not upstream.content.is_eof():  # with a 200 that is not SSE: read the rest
@@ -176,21 +184,31 @@ async def _relay_body(request: web.Request, gw: Gateway, opened: Opened) -> web.
     )
     if gw.settings.routing.expose_backend_header:
         response.headers["x-switchyard-backend"] = opened.backend.name
+    if ticket.is_limited:
+        response.headers.update(ticket.headers)
+        ticket.num_output_tokens = output_tokens_from(body[-512:], 0)
     return response
 
 
-async def _relay_stream(request: web.Request, gw: Gateway, opened: Opened) -> web.StreamResponse:
+async def _relay_stream(
+    request: web.Request, gw: Gateway, opened: Opened, ticket: QuotaTicket
+) -> web.StreamResponse:
     settings = gw.settings.upstream
     out = web.StreamResponse(status=200, headers=_SSE_HEADERS)
     out.headers["x-request-id"] = request[REQUEST_ID]
     if gw.settings.routing.expose_backend_header:
         out.headers["x-switchyard-backend"] = opened.backend.name
+    if ticket.is_limited:
+        out.headers.update(ticket.headers)
     await out.prepare(request)
     content = opened.response.content
     loop = asyncio.get_running_loop()
     deadline_s = loop.time() + settings.request_timeout_s
     idle_s = settings.idle_timeout_s
-    num_chunks = 0
+    num_chunks = num_events = 0
+    tail = b""
+    renew_every_s = gw.settings.admission.lease_ttl_s / 3
+    next_renew_s = loop.time() + renew_every_s if ticket.needs_lease else float("inf")
     chunk = opened.first_chunk
     # Moving the timer costs ~1 us; move it only once it has fallen 10% of idle_s behind.
     slack_s = 0.1 * idle_s
@@ -198,10 +216,15 @@ async def _relay_stream(request: web.Request, gw: Gateway, opened: Opened) -> we
         async with asyncio.timeout_at(min(loop.time() + idle_s, deadline_s)) as timer:
             while chunk:
                 num_chunks += 1
+                num_events += chunk.count(b"data: ")
+                tail = chunk
                 await out.write(chunk)
                 wanted_s = min(loop.time() + idle_s, deadline_s)
                 if wanted_s - (timer.when() or 0.0) > slack_s or wanted_s == deadline_s:
                     timer.reschedule(wanted_s)
+                if wanted_s - idle_s >= next_renew_s:  # a long stream keeps its lease
+                    renew_lease(ticket)
+                    next_renew_s += renew_every_s
                 chunk = await content.readany()
     except TimeoutError:
         gw.metrics.upstream_errors.labels(opened.backend.name, "idle_timeout").inc()
@@ -219,6 +242,7 @@ async def _relay_stream(request: web.Request, gw: Gateway, opened: Opened) -> we
         await out.write_eof()
     finally:
         gw.metrics.streamed_chunks.inc(num_chunks)
+        ticket.num_output_tokens = output_tokens_from(tail[-512:], num_events)
     return out
 
 

@@ -82,6 +82,7 @@ class Router:
         block_size: int = 16,
         max_age_s: float = 5.0,
         seed: int | None = None,
+        default_output_tokens: int = 256,
     ) -> None:
         self.registry = registry
         self.profile = profile
@@ -91,6 +92,7 @@ class Router:
         self.block_chars = block_chars
         self.block_size = block_size
         self.max_age_s = max_age_s
+        self.default_output_tokens = default_output_tokens
         self._rng = random.Random(seed)
         self._segments = _SegmentCache()
         # Called with each decision the approximate index learns (to share it with replicas).
@@ -117,7 +119,7 @@ class Router:
             char_hashes=char_hashes, session_key=session if isinstance(session, str) else None,
             tenant_id=tenant_id, max_tokens=max_tokens,
         )
-        return RoutePlan(request, num_prompt_tokens + (max_tokens or 256))
+        return RoutePlan(request, num_prompt_tokens + (max_tokens or self.default_output_tokens))
 
     def _token_ids(self, tokenizer: Tokenizer, body: dict[str, Any]) -> list[int] | None:
         messages = body.get("messages")

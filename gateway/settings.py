@@ -140,6 +140,17 @@ class RoutingSettings(_Strict):
         return value
 
 
+class AdmissionSettings(_Strict):
+    """Quota enforcement (per-tenant limits live on the tenant, in Redis)."""
+
+    fail_mode: Literal["open", "closed"] = Field(
+        "open", description="when Redis is unreachable: local limits only (open) or 503 (closed)")
+    lease_ttl_s: float = Field(60.0, gt=0, description="a crashed gateway's leases expire after")
+    redis_timeout_s: float = Field(0.25, gt=0)
+    default_output_tokens: int = Field(
+        256, ge=1, description="output tokens reserved when a request sets no max_tokens")
+
+
 class Settings(_Strict):
     listen: ListenSettings = ListenSettings()
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -153,6 +164,7 @@ class Settings(_Strict):
     default_limits: LimitSettings = LimitSettings()
     upstream: UpstreamSettings = UpstreamSettings()
     routing: RoutingSettings = RoutingSettings()
+    admission: AdmissionSettings = AdmissionSettings()
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     drain_timeout_s: float = Field(30.0, ge=0)
     key_cache_ttl_s: float = Field(30.0, gt=0)

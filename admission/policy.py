@@ -1,0 +1,200 @@
+"""The admission decision: admit now, queue in the gateway, or reject with a 503.
+
+``decide`` reads one fleet snapshot and the TTFT predictor and returns a ``Decision``:
+
+- **admit** when the fleet has capacity (``fleet_has_capacity``) and the quickest backend's
+  predicted TTFT, plus any time already waited, meets the tier's target;
+- otherwise, by the tier's ``on_overload``: ``reject`` answers at once (503, ``Retry-After``
+  and the reason); ``queue_until_deadline`` and ``queue`` wait in ``FairQueue`` until
+  ``tier.queue_deadline_s(arrival_s)`` (the TTFT SLO or ``max_queue_wait_s``: see
+  ``Tier.max_wait_s``), and are answered with a 503 if still waiting then.
+
+The target is the TTFT SLO, except for a request the fleet could not serve within its SLO
+even idle (its own prefill is too long): rejecting that would not help, so its target is its
+idle TTFT times ``1 + oversize_slack``. A queueing tier with requests of its own or a higher
+tier already waiting is queued too, so that arrivals do not overtake the queue.
+
+Capacity: a backend has room when its figures are fresh and it has at most ``max_waiting``
+waiting requests, KV usage below ``max_kv_usage`` and (when it advertises ``max_batch``) a
+free batch slot. A stale backend's load is unknown, never idle: it counts as having room only
+while this gateway has fewer than ``stale_max_in_flight`` requests on it (its own, always
+current, count). The dispatcher pops the queue only while ``fleet_has_capacity`` holds, so
+overload waits in the gateway, where tiers and tenants are ordered, rather than in the
+workers' FIFO queues.
+
+Admission only decides when a request starts: a stream that has started is never cancelled
+to make room for another, whatever its tier.
+
+Example::
+
+    request = AdmissionRequest(tier=tiers["standard"], tenant="acme", prompt_tokens=1800,
+                               model="m")
+    decision = decide(request, snapshot, predictor, now_s, num_queued_ahead=queue.num_ahead(
+        request.tier))
+    decision.action, decision.reason        # ("queue", "fleet saturated: ...")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from admission.predictor import TtftFeatures, ttft_features
+from admission.tiers import Tier
+from routing.types import BackendState, FleetSnapshot, PrefixMatch
+
+Action = Literal["admit", "queue", "reject"]
+
+
+class TtftEstimator(Protocol):
+    """What the policy needs of a predictor (``TtftPredictor`` is one)."""
+
+    def predict_s(self, backend: BackendState, features: TtftFeatures) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRequest:
+    """What admission knows about one request.
+
+    ``uncached_tokens``: an int applies to every backend (a best case); a mapping gives it per
+    backend (missing backends: the whole prompt); None derives it from ``snapshot.prefix``.
+    ``arrival_s`` None means it arrives now.
+    """
+
+    tier: Tier
+    tenant: str
+    prompt_tokens: int
+    uncached_tokens: int | Mapping[str, int] | None = None
+    model: str | None = None
+    arrival_s: float | None = None
+
+    def uncached_for(self, backend: str, prefix: PrefixMatch) -> int:
+        if isinstance(self.uncached_tokens, int):
+            return self.uncached_tokens
+        if self.uncached_tokens is not None:
+            return self.uncached_tokens.get(backend, self.prompt_tokens)
+        cached = prefix.num_blocks.get(backend, 0) * prefix.block_tokens
+        return max(0, self.prompt_tokens - cached)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The verdict. ``retry_after_s`` is set on reject, ``deadline_s`` on queue."""
+
+    action: Action
+    reason: str
+    predicted_ttft_s: float | None = None  # on the quickest backend
+    retry_after_s: float | None = None
+    deadline_s: float | None = None
+    backend: str | None = None  # the quickest backend by prediction (routing still decides)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """Saturation thresholds and reply tuning."""
+
+    max_waiting: int = 0
+    max_kv_usage: float = 0.95
+    stale_max_in_flight: int = 4
+    oversize_slack: float = 0.5
+    min_retry_after_s: float = 1.0
+    max_retry_after_s: float = 60.0
+
+
+DEFAULT_POLICY = PolicyConfig()
+
+
+def backend_has_capacity(backend: BackendState, *, max_age_s: float,
+                         config: PolicyConfig = DEFAULT_POLICY) -> bool:
+    """Whether one more request would start on ``backend`` without waiting in its queue."""
+    if not backend.is_healthy:
+        return False
+    if backend.age_s > max_age_s:
+        return backend.num_in_flight < config.stale_max_in_flight
+    max_batch = backend.profile.max_batch
+    return (backend.num_waiting <= config.max_waiting
+            and backend.kv_usage < config.max_kv_usage
+            and (max_batch is None or backend.num_running < max_batch))
+
+
+def fleet_has_capacity(snapshot: FleetSnapshot, config: PolicyConfig = DEFAULT_POLICY,
+                       model: str | None = None) -> bool:
+    """Whether any backend (serving ``model``, if given) has room: the dispatcher's gate."""
+    return any(backend_has_capacity(b, max_age_s=snapshot.max_age_s, config=config)
+               for b in snapshot.backends if model is None or model in b.models)
+
+
+def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEstimator,
+           now_s: float, *, config: PolicyConfig = DEFAULT_POLICY,
+           num_queued_ahead: int = 0) -> Decision:
+    """Admit, queue or reject ``request``; see the module docstring. O(backends)."""
+    tier = request.tier
+    arrival_s = now_s if request.arrival_s is None else request.arrival_s
+    waited_s = max(0.0, now_s - arrival_s)
+    candidates = [b for b in snapshot.backends
+                  if b.is_healthy and (request.model is None or request.model in b.models)]
+    if not candidates:
+        what = f"model {request.model!r}" if request.model else "this request"
+        return _overload(request, arrival_s, now_s, config, f"no healthy backend serves {what}")
+    worst_queued = max(b.num_queued_prefill_tokens for b in candidates)
+    best_s = idle_s = float("inf")
+    best: BackendState = candidates[0]
+    for b in candidates:
+        uncached = request.uncached_for(b.name, snapshot.prefix)
+        features = ttft_features(b, uncached, max_age_s=snapshot.max_age_s,
+                                 worst_queued_tokens=worst_queued)
+        predicted_s = predictor.predict_s(b, features)
+        if predicted_s < best_s:
+            best_s, best = predicted_s, b
+        idle_s = min(idle_s, predictor.predict_s(b, TtftFeatures(0, uncached)))
+    target_s = max(tier.ttft_slo_s, idle_s * (1 + config.oversize_slack))
+    expected_s = waited_s + best_s
+    has_capacity = any(backend_has_capacity(b, max_age_s=snapshot.max_age_s, config=config)
+                       for b in candidates)
+    if expected_s <= target_s and has_capacity:
+        if num_queued_ahead > 0 and tier.on_overload != "reject":
+            reason = (f"{num_queued_ahead} request(s) of this or a higher tier are queued "
+                      "ahead")
+            return _overload(request, arrival_s, now_s, config, reason, best_s, best.name)
+        return Decision("admit", f"predicted TTFT {best_s:.3g} s on {best.name} meets the "
+                        f"{tier.name} tier's {target_s:.3g} s target", best_s,
+                        backend=best.name)
+    if not has_capacity:
+        reason = (f"fleet saturated: no backend has <= {config.max_waiting} waiting requests, "
+                  f"KV usage below {config.max_kv_usage:.0%} and a free batch slot")
+    else:
+        reason = (f"predicted TTFT {expected_s:.3g} s (quickest: {best.name}) exceeds the "
+                  f"{tier.name} tier's {target_s:.3g} s target")
+    return _overload(request, arrival_s, now_s, config, reason, best_s, best.name,
+                     excess_s=best_s - target_s)
+
+
+def reject_expired(tier: Tier, arrival_s: float, now_s: float,
+                   config: PolicyConfig = DEFAULT_POLICY) -> Decision:
+    """The 503 for a request that ``FairQueue.expire`` handed back."""
+    return Decision("reject", f"waited {now_s - arrival_s:.3g} s in the {tier.name} tier's "
+                    f"queue, its limit is {tier.max_wait_s:.3g} s; the fleet is overloaded",
+                    retry_after_s=_retry_after_s(0.0, config))
+
+
+def _overload(request: AdmissionRequest, arrival_s: float, now_s: float,
+              config: PolicyConfig, reason: str, predicted_s: float | None = None,
+              backend: str | None = None, excess_s: float = 0.0) -> Decision:
+    tier = request.tier
+    if tier.on_overload == "reject":
+        return Decision("reject", f"{reason}; the {tier.name} tier does not queue",
+                        predicted_s, retry_after_s=_retry_after_s(excess_s, config),
+                        backend=backend)
+    deadline_s = tier.queue_deadline_s(arrival_s)
+    if deadline_s <= now_s:
+        return Decision("reject", f"{reason}; the {tier.name} tier's queue deadline has passed",
+                        predicted_s, retry_after_s=_retry_after_s(excess_s, config),
+                        backend=backend)
+    return Decision("queue", f"{reason}; queued for up to {deadline_s - now_s:.3g} s",
+                    predicted_s, deadline_s=deadline_s, backend=backend)
+
+
+def _retry_after_s(excess_s: float, config: PolicyConfig) -> float:
+    """Roughly when the backlog will have drained enough, within the configured bounds."""
+    return min(config.max_retry_after_s, max(config.min_retry_after_s, excess_s))

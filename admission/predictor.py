@@ -1,0 +1,204 @@
+"""Time to first token, predicted per backend from the fleet snapshot and fitted online.
+
+The model (one per backend, plus a fleet-wide one that seeds new backends)::
+
+    prefill_tokens = queued_tokens + uncached_tokens       work ahead of the first token
+    steps          = max(1, prefill_tokens / step_tokens)  engine steps until it is done
+    ttft_s         = base_s
+                   + prefill_tokens * s_per_token                    1 / prefill speed
+                   + num_running * steps * running_step_s            decode interference
+
+``queued_tokens`` follows ``routing.ttft``: the larger of the engine's
+``num_queued_prefill_tokens`` and the gateway's ``num_in_flight_prompt_tokens`` when the
+backend's figures are fresh (the engine's count already includes what it has received of
+ours); when stale, the worst engine backlog among the candidates plus ours. Decode
+interference: each engine step that works on the prefill also decodes every running sequence.
+
+Fitting: recursive least squares with forgetting (``admission.rls``; memory about
+``1 / (1 - forgetting)`` observations) on the features ``(1, prefill_tokens / 1000,
+num_running * steps / 100)``. A backend seen for the first time starts from the fleet model's
+current fit, with ``s_per_token = 1 / profile.prefill_tokens_per_s`` when it advertises one.
+Every observation updates both its backend's model and the fleet's.
+
+Observe the TTFT from dispatch to first token (the gateway queue's wait is not the engine's),
+with the features taken when the request was dispatched. Before each update the prediction
+is scored: ``error_stats()`` gives MAPE, bias and count over the last ``window`` observations.
+
+Example::
+
+    predictor = TtftPredictor()
+    features = ttft_features(backend, uncached_tokens=1800, max_age_s=snapshot.max_age_s)
+    predictor.predict_s(backend, features)          # 0.21
+    predictor.observe(backend, features, ttft_s=0.25)
+    predictor.error_stats()                         # ErrorStats(count=1, mape=0.16, ...)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from admission.rls import Rls
+from routing.types import BackendState, FleetSnapshot
+
+_TOKEN_SCALE = 1000.0  # features near 1 keep the regression well conditioned
+_RUNNING_STEP_SCALE = 100.0
+_MIN_TTFT_S = 1e-3
+
+
+@dataclass(frozen=True, slots=True)
+class TtftFeatures:
+    """What a backend's TTFT for one request depends on, taken from a snapshot."""
+
+    queued_tokens: int  # prefill work ahead of the request
+    uncached_tokens: int  # the request's own prefill (prompt minus cached prefix)
+    num_running: int = 0  # sequences decoding alongside
+
+    @property
+    def prefill_tokens(self) -> int:
+        return self.queued_tokens + self.uncached_tokens
+
+
+def ttft_features(backend: BackendState, uncached_tokens: int, *, max_age_s: float,
+                  worst_queued_tokens: int = 0) -> TtftFeatures:
+    """Features of ``backend`` for a request; stale figures fall back on ``worst_queued``."""
+    in_flight = backend.num_in_flight_prompt_tokens
+    if backend.age_s > max_age_s:
+        queued = worst_queued_tokens + in_flight
+        num_running = max(backend.num_running, backend.num_in_flight)
+    else:
+        queued = max(backend.num_queued_prefill_tokens, in_flight)
+        num_running = backend.num_running
+    return TtftFeatures(queued, max(0, uncached_tokens), num_running)
+
+
+def snapshot_features(snapshot: FleetSnapshot, backend_name: str,
+                      uncached_tokens: int) -> TtftFeatures:
+    """``ttft_features`` of one backend of ``snapshot`` (for ``observe`` after routing)."""
+    worst_queued = max((b.num_queued_prefill_tokens for b in snapshot.backends), default=0)
+    for backend in snapshot.backends:
+        if backend.name == backend_name:
+            return ttft_features(backend, uncached_tokens, max_age_s=snapshot.max_age_s,
+                                 worst_queued_tokens=worst_queued)
+    raise KeyError(f"backend {backend_name!r} is not in the snapshot")
+
+
+@dataclass(frozen=True, slots=True)
+class PredictorConfig:
+    """Priors and fitting knobs. ``step_tokens`` is the engine's prefill budget per step."""
+
+    default_prefill_tokens_per_s: float = 10_000.0
+    default_base_s: float = 0.02
+    default_running_step_s: float = 2e-4
+    step_tokens: int = 2048
+    forgetting: float = 0.995
+    prior_variance: float = 1.0  # per scaled coefficient: larger trusts the prior less
+    window: int = 256
+
+    def __post_init__(self) -> None:
+        if not 0 < self.forgetting <= 1:
+            raise ValueError(f"forgetting must be in (0, 1], got {self.forgetting}")
+        for name in ("default_prefill_tokens_per_s", "step_tokens", "prior_variance", "window"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Coefficients:
+    """A fitted model in physical units."""
+
+    base_s: float
+    s_per_token: float
+    running_step_s: float
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return 1 / self.s_per_token if self.s_per_token > 0 else math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorStats:
+    """Prediction error over the recent window, scored before each update."""
+
+    count: int
+    mape: float  # mean |predicted - observed| / observed
+    bias_s: float  # mean predicted - observed: positive over-predicts
+
+
+class TtftPredictor:
+    """Per-backend TTFT models with a fleet-wide prior; see the module docstring."""
+
+    def __init__(self, config: PredictorConfig | None = None) -> None:
+        self.config = config or PredictorConfig()
+        c = self.config
+        self._fleet = self._new_model((c.default_base_s,
+                                       _TOKEN_SCALE / c.default_prefill_tokens_per_s,
+                                       c.default_running_step_s * _RUNNING_STEP_SCALE))
+        self._models: dict[str, Rls] = {}
+        self._errors: dict[str | None, deque[tuple[float, float]]] = {}
+
+    def predict_s(self, backend: BackendState | str, features: TtftFeatures) -> float:
+        """Predicted TTFT in seconds (at least 1 ms)."""
+        model = self._models.get(_name(backend))
+        x = self._vector(features)
+        if model is None:
+            theta = self._seed_theta(backend)
+            return max(_MIN_TTFT_S, sum(t * xi for t, xi in zip(theta, x, strict=True)))
+        return max(_MIN_TTFT_S, model.predict(x))
+
+    def observe(self, backend: BackendState | str, features: TtftFeatures,
+                ttft_s: float) -> None:
+        """Fit one observed TTFT (dispatch to first token) taken with ``features``."""
+        if not (math.isfinite(ttft_s) and ttft_s >= 0):
+            raise ValueError(f"ttft_s must be a finite number >= 0, got {ttft_s}")
+        name = _name(backend)
+        predicted_s = self.predict_s(backend, features)
+        for key in (name, None):
+            window = self._errors.get(key)
+            if window is None:
+                window = self._errors[key] = deque(maxlen=self.config.window)
+            window.append((predicted_s, ttft_s))
+        model = self._models.get(name)
+        if model is None:
+            model = self._models[name] = self._new_model(self._seed_theta(backend))
+        x = self._vector(features)
+        model.update(x, ttft_s, self.config.forgetting)
+        self._fleet.update(x, ttft_s, self.config.forgetting)
+
+    def error_stats(self, backend: str | None = None) -> ErrorStats:
+        """MAPE, bias and count over the last ``window`` observations (all backends: None)."""
+        window = self._errors.get(backend, ())
+        if not window:
+            return ErrorStats(count=0, mape=0.0, bias_s=0.0)
+        mape = sum(abs(p - o) / max(o, _MIN_TTFT_S) for p, o in window) / len(window)
+        bias_s = sum(p - o for p, o in window) / len(window)
+        return ErrorStats(count=len(window), mape=mape, bias_s=bias_s)
+
+    def coefficients(self, backend: str | None = None) -> Coefficients:
+        """The current fit of ``backend`` (the fleet's for None or an unseen backend)."""
+        model = (self._models.get(backend) if backend else None) or self._fleet
+        base, per_ktoken, per_running_steps = model.theta
+        return Coefficients(base, per_ktoken / _TOKEN_SCALE,
+                            per_running_steps / _RUNNING_STEP_SCALE)
+
+    def _vector(self, f: TtftFeatures) -> tuple[float, float, float]:
+        prefill = f.prefill_tokens
+        steps = max(1.0, prefill / self.config.step_tokens)
+        return 1.0, prefill / _TOKEN_SCALE, f.num_running * steps / _RUNNING_STEP_SCALE
+
+    def _seed_theta(self, backend: BackendState | str) -> tuple[float, float, float]:
+        """A new backend's starting fit: the fleet's, with its advertised prefill speed."""
+        base, per_ktoken, per_running_steps = self._fleet.theta
+        if isinstance(backend, BackendState):
+            advertised = backend.profile.prefill_tokens_per_s
+            if advertised is not None and advertised > 0:
+                per_ktoken = _TOKEN_SCALE / advertised
+        return base, per_ktoken, per_running_steps
+
+    def _new_model(self, theta: tuple[float, float, float]) -> Rls:
+        return Rls(theta, [self.config.prior_variance] * 3, lower=(0.0, 1e-6, 0.0))
+
+
+def _name(backend: BackendState | str) -> str:
+    return backend if isinstance(backend, str) else backend.name

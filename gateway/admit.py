@@ -1,0 +1,114 @@
+"""Per-request quota admission in the gateway: acquire before routing, settle when done.
+
+One Redis round trip per admitted request (``QuotaStore.acquire``, a single Lua script), none
+for a tenant without limits. The settlement (lease release and token refund) runs off the
+response path. Streams renew their lease every third of its TTL, so a long stream never loses
+its slot, and a crashed gateway's leases expire by themselves.
+
+Example::
+
+    ticket = await admit_quota(store, principal, plan, request_id)  # raises APIError 429/503
+    try:
+        ...  # serve, setting ticket.num_output_tokens
+    finally:
+        finish_quota(ticket)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass, field
+
+from admission.quota import QuotaStore
+from gateway.auth import Principal
+from gateway.errors import APIError
+from gateway.router import RoutePlan
+
+_USAGE_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
+@dataclass(slots=True)
+class QuotaTicket:
+    """An admitted request's hold on its tenant's quotas."""
+
+    store: QuotaStore | None
+    tenant_id: str
+    limits: object
+    request_id: str
+    reserved_tokens: int
+    num_prompt_tokens: int
+    headers: dict[str, str] = field(default_factory=dict)
+    needs_lease: bool = False
+    num_output_tokens: int = 0
+
+    @property
+    def is_limited(self) -> bool:
+        return self.store is not None
+
+
+def _has_limits(principal: Principal) -> bool:
+    limits = principal.tenant.limits
+    return bool(limits.requests_per_minute or limits.tokens_per_minute or limits.max_concurrent)
+
+
+async def admit_quota(
+    store: QuotaStore, principal: Principal, plan: RoutePlan, request_id: str
+) -> QuotaTicket:
+    tenant = principal.tenant
+    ticket = QuotaTicket(
+        store=None, tenant_id=tenant.id, limits=tenant.limits, request_id=request_id,
+        reserved_tokens=plan.reserved_tokens, num_prompt_tokens=plan.request.num_prompt_tokens,
+    )
+    if not _has_limits(principal):
+        return ticket
+    decision = await store.acquire(tenant.id, tenant.limits, tokens=plan.reserved_tokens,
+                                   request_id=request_id)
+    if not decision.is_allowed:
+        status = decision.http_status
+        raise APIError(
+            status, decision.message(),
+            type="rate_limit_error" if status == 429 else "service_unavailable",
+            code="rate_limit_exceeded" if status == 429 else "quota_store_unavailable",
+            headers=decision.headers(),
+        )
+    ticket.store = store
+    ticket.headers = decision.headers()
+    ticket.needs_lease = bool(tenant.limits.max_concurrent)
+    return ticket
+
+
+def output_tokens_from(body_tail: bytes, num_events: int) -> int:
+    """Completion tokens from a usage object when one was relayed, else one per SSE event."""
+    match = _USAGE_RE.search(body_tail)
+    if match is not None:
+        return int(match.group(1))
+    return max(0, num_events - 2)  # role and finish events carry no token
+
+
+def finish_quota(ticket: QuotaTicket) -> None:
+    """Release the lease and settle tokens to the actual count, without delaying the response."""
+    store = ticket.store
+    if store is None:
+        return
+    ticket.store = None  # settle exactly once
+    actual = ticket.num_prompt_tokens + ticket.num_output_tokens
+    task = asyncio.get_running_loop().create_task(store.settle(
+        ticket.tenant_id, ticket.limits,  # type: ignore[arg-type]
+        reserved_tokens=ticket.reserved_tokens, actual_tokens=actual,
+        request_id=ticket.request_id,
+    ))
+    _PENDING.add(task)
+    task.add_done_callback(_PENDING.discard)
+
+
+def renew_lease(ticket: QuotaTicket) -> None:
+    if ticket.store is None or not ticket.needs_lease:
+        return
+    task = asyncio.get_running_loop().create_task(
+        ticket.store.renew(ticket.tenant_id, ticket.request_id))
+    _PENDING.add(task)
+    task.add_done_callback(_PENDING.discard)
+
+
+_PENDING: set[asyncio.Task[bool]] = set()

@@ -1,0 +1,168 @@
+"""Admit, queue or reject, per tier, under light load and overload, on hand-built snapshots.
+
+The predictor is the real one, unfitted: 20 ms + tokens / 10,000 tok/s + 0.2 ms per running
+sequence per 2,048-token step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from admission.policy import (
+    AdmissionRequest,
+    Decision,
+    PolicyConfig,
+    backend_has_capacity,
+    decide,
+    fleet_has_capacity,
+    reject_expired,
+)
+from admission.predictor import TtftPredictor
+from admission.tiers import DEFAULT_TIERS, tier_table
+from routing.types import BackendProfile, BackendState, FleetSnapshot, PrefixMatch
+
+TIERS = tier_table(DEFAULT_TIERS)
+NOW_S = 100.0
+STALE_S = 60.0
+
+
+def backend(name: str = "w0", **fields: Any) -> BackendState:
+    fields.setdefault("models", frozenset({"m"}))
+    return BackendState(name=name, **fields)
+
+
+def snapshot(*backends: BackendState, matched: dict[str, int] | None = None) -> FleetSnapshot:
+    return FleetSnapshot(now_s=NOW_S, backends=backends,
+                         prefix=PrefixMatch(matched or {}, block_tokens=100, is_exact=True))
+
+
+def request(tier: str, prompt_tokens: int = 1000, **fields: Any) -> AdmissionRequest:
+    fields.setdefault("model", "m")
+    return AdmissionRequest(tier=TIERS[tier], tenant="acme", prompt_tokens=prompt_tokens,
+                            **fields)
+
+
+IDLE = snapshot(backend("w0"), backend("w1"))
+SATURATED = snapshot(backend("w0", num_waiting=3), backend("w1", kv_usage=0.99))
+BACKLOGGED = snapshot(backend("w0", num_queued_prefill_tokens=20_000))  # 2.12 s, no waiting
+
+
+@pytest.mark.parametrize(
+    ("req", "snap", "ahead", "action", "reason", "retry_after_s", "deadline_s"),
+    [
+        pytest.param(request("interactive"), IDLE, 0, "admit", "0.12 s on w0 meets",
+                     None, None, id="interactive-light"),
+        pytest.param(request("interactive"), SATURATED, 0, "reject", "fleet saturated",
+                     1.0, None, id="interactive-saturated"),
+        pytest.param(request("interactive"), BACKLOGGED, 0, "reject", "2.12 s (quickest: w0) "
+                     "exceeds the interactive tier's 0.5 s target", 1.62, None,
+                     id="interactive-slo-miss"),
+        pytest.param(request("interactive"), IDLE, 5, "admit", "meets", None, None,
+                     id="interactive-never-queues"),
+        pytest.param(request("standard"), IDLE, 0, "admit", "meets", None, None,
+                     id="standard-light"),
+        pytest.param(request("standard"), SATURATED, 0, "queue", "queued for up to 2 s",
+                     None, NOW_S + 2, id="standard-saturated"),
+        pytest.param(request("standard"), BACKLOGGED, 0, "queue", "exceeds", None, NOW_S + 2,
+                     id="standard-slo-miss"),
+        pytest.param(request("standard"), IDLE, 2, "queue", "2 request(s) of this or a higher",
+                     None, NOW_S + 2, id="standard-behind-the-queue"),
+        pytest.param(request("standard", arrival_s=NOW_S - 3), SATURATED, 0, "reject",
+                     "deadline has passed", 1.0, None, id="standard-past-deadline"),
+        pytest.param(request("batch"), IDLE, 0, "admit", "meets", None, None,
+                     id="batch-light"),
+        pytest.param(request("batch"), SATURATED, 0, "queue", "queued for up to 600 s",
+                     None, NOW_S + 600, id="batch-saturated"),
+        pytest.param(request("interactive", 20_000), IDLE, 0, "admit",
+                     "2.02 s on w0 meets the interactive tier's 3.03 s target", None, None,
+                     id="oversize-judged-against-its-idle-ttft"),
+        pytest.param(request("interactive", model="other"), IDLE, 0, "reject",
+                     "no healthy backend serves model 'other'", 1.0, None, id="no-backend"),
+        pytest.param(request("batch", model="other"), IDLE, 0, "queue",
+                     "no healthy backend", None, NOW_S + 600, id="no-backend-batch-waits"),
+    ],
+)
+def test_decide(req: AdmissionRequest, snap: FleetSnapshot, ahead: int, action: str,
+                reason: str, retry_after_s: float | None, deadline_s: float | None) -> None:
+    decision = decide(req, snap, TtftPredictor(), NOW_S, num_queued_ahead=ahead)
+    assert (decision.action, decision.deadline_s) == (action, deadline_s)
+    assert reason in decision.reason
+    assert decision.retry_after_s == pytest.approx(retry_after_s)
+
+
+@pytest.mark.parametrize(
+    ("req", "snap", "expected_backend", "expected_s"),
+    [
+        pytest.param(request("standard", 2000),
+                     snapshot(backend("w0"), backend("w1"), matched={"w1": 15}),
+                     "w1", 0.07, id="prefix-from-snapshot"),
+        pytest.param(request("standard", 2000, uncached_tokens={"w0": 0}),
+                     snapshot(backend("w0"), backend("w1")), "w0", 0.02, id="per-backend"),
+        pytest.param(request("standard", 2000, uncached_tokens=500),
+                     snapshot(backend("w0", num_running=10), backend("w1")), "w1", 0.07,
+                     id="best-case-int"),
+        pytest.param(request("standard", 1000),
+                     snapshot(backend("w0", profile=BackendProfile(prefill_tokens_per_s=50_000)),
+                              backend("w1")), "w0", 0.04, id="advertised-speed"),
+        pytest.param(request("standard", 1000),
+                     snapshot(backend("w0", is_healthy=False), backend("w1", models=frozenset()),
+                              backend("w2", num_queued_prefill_tokens=1000)),
+                     "w2", 0.22, id="unhealthy-and-other-models-ignored"),
+    ],
+)
+def test_predicts_on_the_quickest_backend(req: AdmissionRequest, snap: FleetSnapshot,
+                                          expected_backend: str, expected_s: float) -> None:
+    decision = decide(req, snap, TtftPredictor(), NOW_S)
+    assert decision.backend == expected_backend
+    assert decision.predicted_ttft_s == pytest.approx(expected_s)
+
+
+@pytest.mark.parametrize(
+    ("b", "has_capacity"),
+    [
+        pytest.param(backend(), True, id="idle"),
+        pytest.param(backend(num_waiting=1), False, id="waiting"),
+        pytest.param(backend(kv_usage=0.95), False, id="kv-full"),
+        pytest.param(backend(num_running=8, profile=BackendProfile(max_batch=8)), False,
+                     id="batch-full"),
+        pytest.param(backend(num_running=7, profile=BackendProfile(max_batch=8)), True,
+                     id="batch-slot-free"),
+        pytest.param(backend(is_healthy=False), False, id="unhealthy"),
+        pytest.param(backend(age_s=STALE_S, num_waiting=50, num_in_flight=3), True,
+                     id="stale-few-of-ours"),
+        pytest.param(backend(age_s=STALE_S, num_in_flight=4), False, id="stale-unknown-is-full"),
+    ],
+)
+def test_backend_capacity(b: BackendState, has_capacity: bool) -> None:
+    assert backend_has_capacity(b, max_age_s=5.0) is has_capacity
+
+
+def test_fleet_capacity_is_any_backend_serving_the_model() -> None:
+    snap = snapshot(backend("w0", num_waiting=2), backend("w1", models=frozenset({"x"})))
+    assert fleet_has_capacity(snap)
+    assert not fleet_has_capacity(snap, model="m")
+    assert fleet_has_capacity(snap, PolicyConfig(max_waiting=2), model="m")
+    assert not fleet_has_capacity(snapshot())
+
+
+def test_reject_expired() -> None:
+    decision = reject_expired(TIERS["standard"], arrival_s=NOW_S - 2, now_s=NOW_S)
+    assert decision == Decision("reject", "waited 2 s in the standard tier's queue, its limit "
+                                "is 2 s; the fleet is overloaded", retry_after_s=1.0)
+
+
+def test_retry_after_is_bounded() -> None:
+    snap = snapshot(backend(num_queued_prefill_tokens=10_000_000))
+    decision = decide(request("interactive"), snap, TtftPredictor(), NOW_S)
+    assert decision.retry_after_s == PolicyConfig().max_retry_after_s
+
+
+def test_deterministic_and_pure() -> None:
+    predictor = TtftPredictor()
+    before = predictor.coefficients()
+    decisions = {decide(request(t), snap, predictor, NOW_S)
+                 for t in TIERS for snap in (IDLE, SATURATED, BACKLOGGED) for _ in range(2)}
+    assert len(decisions) == 9
+    assert predictor.coefficients() == before

@@ -1,0 +1,140 @@
+"""The TTFT predictor: features from a snapshot, a fit that converges, its error reported."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from admission.predictor import (
+    PredictorConfig,
+    TtftFeatures,
+    TtftPredictor,
+    snapshot_features,
+    ttft_features,
+)
+from admission.rls import Rls
+from routing.types import BackendProfile, BackendState, FleetSnapshot
+
+STALE_S = 60.0
+
+# The "true" engine for the synthetic data: 30 ms base, 8,000 prefill tokens/s,
+# 0.4 ms per running sequence per 2,048-token step.
+BASE_S, S_PER_TOKEN, RUNNING_STEP_S = 0.03, 1 / 8000, 4e-4
+
+
+def true_ttft_s(f: TtftFeatures) -> float:
+    steps = max(1.0, f.prefill_tokens / 2048)
+    return BASE_S + f.prefill_tokens * S_PER_TOKEN + f.num_running * steps * RUNNING_STEP_S
+
+
+def sample(rng: random.Random) -> TtftFeatures:
+    return TtftFeatures(rng.randrange(0, 16_000), rng.randrange(0, 4000), rng.randrange(0, 64))
+
+
+def backend(name: str = "w0", **fields: object) -> BackendState:
+    return BackendState(name=name, models=frozenset({"m"}), **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("b", "expected"),
+    [
+        pytest.param(backend(num_queued_prefill_tokens=3000, num_in_flight_prompt_tokens=1000,
+                             num_running=5), TtftFeatures(3000, 500, 5), id="fresh-engine-larger"),
+        pytest.param(backend(num_queued_prefill_tokens=100, num_in_flight_prompt_tokens=1000),
+                     TtftFeatures(1000, 500, 0), id="fresh-gateway-larger"),
+        pytest.param(backend(age_s=STALE_S, num_queued_prefill_tokens=0,
+                             num_in_flight_prompt_tokens=1000, num_running=1, num_in_flight=3),
+                     TtftFeatures(4000 + 1000, 500, 3), id="stale-worst-plus-own"),
+    ],
+)
+def test_features(b: BackendState, expected: TtftFeatures) -> None:
+    assert ttft_features(b, 500, max_age_s=5.0, worst_queued_tokens=4000) == expected
+
+
+def test_snapshot_features_finds_the_backend() -> None:
+    snapshot = FleetSnapshot(now_s=0.0, backends=(backend("a", num_queued_prefill_tokens=700),
+                                                  backend("b", age_s=STALE_S)))
+    assert snapshot_features(snapshot, "b", 100) == TtftFeatures(700, 100, 0)
+    with pytest.raises(KeyError):
+        snapshot_features(snapshot, "zz", 100)
+
+
+def test_starts_from_advertised_speed() -> None:
+    predictor = TtftPredictor(PredictorConfig(default_base_s=0.0))
+    fast = backend(profile=BackendProfile(prefill_tokens_per_s=20_000))
+    assert predictor.predict_s(fast, TtftFeatures(0, 20_000)) == pytest.approx(1.0)
+    assert predictor.predict_s("unseen", TtftFeatures(0, 20_000)) == pytest.approx(2.0)
+
+
+def test_converges_on_noisy_linear_data_and_reports_error() -> None:
+    rng = random.Random(7)
+    predictor = TtftPredictor()
+    b = backend()
+    for _ in range(600):
+        f = sample(rng)
+        predictor.observe(b, f, true_ttft_s(f) * rng.uniform(0.9, 1.1))
+    held_out = [sample(rng) for _ in range(200)]
+    mape = sum(abs(predictor.predict_s(b, f) - true_ttft_s(f)) / true_ttft_s(f)
+               for f in held_out) / len(held_out)
+    assert mape < 0.10
+    fit = predictor.coefficients("w0")
+    assert fit.prefill_tokens_per_s == pytest.approx(8000, rel=0.1)
+    stats = predictor.error_stats("w0")
+    assert stats.count == 256  # the window
+    assert stats.mape < 0.10  # the window's a-priori errors: converged, noise is +-10 %
+    assert abs(stats.bias_s) < 0.05
+    assert predictor.error_stats().count == 256
+
+
+def test_new_backend_starts_from_the_fleet_fit() -> None:
+    rng = random.Random(1)
+    predictor = TtftPredictor()
+    for _ in range(300):
+        f = sample(rng)
+        predictor.observe(f"w{rng.randrange(4)}", f, true_ttft_s(f))
+    f = TtftFeatures(8000, 1000, 10)
+    assert predictor.predict_s("new", f) == pytest.approx(true_ttft_s(f), rel=0.1)
+    assert predictor.error_stats("new").count == 0
+
+
+def test_tracks_a_backend_that_slows_down() -> None:
+    predictor = TtftPredictor()
+    rng = random.Random(3)
+    for speed in (8000, 4000):
+        for _ in range(400):
+            f = sample(rng)
+            predictor.observe("w0", f, BASE_S + f.prefill_tokens / speed)
+    assert predictor.coefficients("w0").prefill_tokens_per_s == pytest.approx(4000, rel=0.1)
+
+
+def test_error_stats_signs_and_refuses_bad_input() -> None:
+    predictor = TtftPredictor(PredictorConfig(default_base_s=0.0, default_running_step_s=0.0))
+    predictor.observe("w0", TtftFeatures(0, 10_000), ttft_s=0.5)  # predicted 1.0 s
+    stats = predictor.error_stats("w0")
+    assert stats.count == 1
+    assert stats.mape == pytest.approx(1.0)
+    assert stats.bias_s == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="ttft_s"):
+        predictor.observe("w0", TtftFeatures(0, 1), ttft_s=float("nan"))
+    assert predictor.error_stats("never").count == 0
+
+
+def test_prediction_is_never_negative() -> None:
+    predictor = TtftPredictor()
+    for _ in range(50):
+        predictor.observe("w0", TtftFeatures(0, 100), ttft_s=0.0)
+    assert predictor.predict_s("w0", TtftFeatures(0, 0)) >= 1e-3
+    assert all(c >= 0 for c in Rls([0.0], [1.0], lower=[0.0]).theta)
+
+
+def test_deterministic() -> None:
+    def run() -> tuple[float, ...]:
+        rng = random.Random(11)
+        predictor = TtftPredictor()
+        for _ in range(100):
+            f = sample(rng)
+            predictor.observe("w0", f, true_ttft_s(f))
+        return tuple(predictor.predict_s("w0", sample(rng)) for _ in range(10))
+
+    assert run() == run()
