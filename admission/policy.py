@@ -97,6 +97,9 @@ class PolicyConfig:
     max_waiting: int = 0
     max_kv_usage: float = 0.95
     stale_max_in_flight: int = 4
+    # This gateway's own, always-current view: prompt tokens it sent that have no first token
+    # yet. The engine's figures are a heartbeat old; this stops a burst between two of them.
+    max_pending_prefill_tokens: int = 8192
     oversize_slack: float = 0.5
     min_retry_after_s: float = 1.0
     max_retry_after_s: float = 60.0
@@ -113,9 +116,11 @@ def backend_has_capacity(backend: BackendState, *, max_age_s: float,
     if backend.age_s > max_age_s:
         return backend.num_in_flight < config.stale_max_in_flight
     max_batch = backend.profile.max_batch
+    num_running = max(backend.num_running, backend.num_in_flight)
     return (backend.num_waiting <= config.max_waiting
             and backend.kv_usage < config.max_kv_usage
-            and (max_batch is None or backend.num_running < max_batch))
+            and backend.num_in_flight_prompt_tokens <= config.max_pending_prefill_tokens
+            and (max_batch is None or num_running < max_batch))
 
 
 def fleet_has_capacity(snapshot: FleetSnapshot, config: PolicyConfig = DEFAULT_POLICY,

@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import RedisError
 
+from admission.fair_queue import FairQueueConfig
 from admission.quota import QuotaStore
 from backends.approx_sync import ApproxIndexSync
 from backends.fleet import FleetSync
@@ -33,6 +34,7 @@ from gateway.keystore import KeyStore
 from gateway.metrics import GatewayMetrics
 from gateway.router import Router
 from gateway.settings import RoutingSettings, Settings
+from gateway.slo import SloAdmission
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex
 from routing.profile import SchedulingProfile, build_profile
@@ -132,9 +134,16 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
         quotas = QuotaStore(redis, lease_ttl_s=settings.admission.lease_ttl_s,
                             fail_mode=settings.admission.fail_mode,
                             timeout_s=settings.admission.redis_timeout_s)
+        admission = settings.admission
+        slo = SloAdmission(
+            settings.tiers, router, is_enabled=admission.slo_enabled,
+            queue_config=FairQueueConfig(lower_tier_share=admission.lower_tier_share,
+                                         max_total=admission.max_queue_len,
+                                         max_per_tier=admission.max_queue_len),
+        )
         app[GATEWAY] = Gateway(
             settings=settings, registry=registry, metrics=metrics, redis=redis, store=store,
-            auth=auth, upstream=upstream, router=router, quotas=quotas,
+            auth=auth, upstream=upstream, router=router, quotas=quotas, slo=slo,
         )
         checker = HealthChecker(
             registry, upstream.session, interval_s=settings.upstream.health_interval_s,
@@ -142,6 +151,7 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
         )
         await checker.probe_all()  # know the fleet before the first request
         tasks = [
+            asyncio.create_task(slo.run_dispatcher(), name="admission-dispatcher"),
             asyncio.create_task(checker.run(), name="health-checks"),
             asyncio.create_task(auth.listen_for_invalidations(), name="auth-invalidation"),
         ]

@@ -15,6 +15,7 @@ from gateway.keystore import KeyStore
 from gateway.metrics import GatewayMetrics
 from gateway.router import Router
 from gateway.settings import Settings
+from gateway.slo import SloAdmission
 
 
 @dataclass(slots=True)
@@ -28,6 +29,7 @@ class Gateway:
     upstream: UpstreamClient
     router: Router
     quotas: QuotaStore
+    slo: SloAdmission
     num_in_flight: int = 0
     is_draining: bool = False
 

@@ -19,6 +19,7 @@ from gateway.admit import QuotaTicket, admit_quota, finish_quota, output_tokens_
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, error_body
 from gateway.router import RoutePlan
+from gateway.slo import TIER_HEADER
 from gateway.validation import CompletionRequest, parse_completion_body
 
 _ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -57,11 +58,15 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
                 "you may use.", code="model_not_allowed", param="model",
             )
         plan = gw.router.describe(model, parsed.body, principal.tenant.id)
+        tier = gw.slo.tier_for(principal, request.headers.get(TIER_HEADER))
         ticket = await admit_quota(gw.quotas, principal, plan, request[REQUEST_ID])
         try:
+            await gw.slo.admit(tier, principal, plan, request[REQUEST_ID])
             response = await _forward(request, gw, route, parsed, raw, plan, ticket)
         finally:
             finish_quota(ticket)
+            gw.slo.finished(principal.tenant.id, tier.name, plan.reserved_tokens,
+                            plan.request.num_prompt_tokens + ticket.num_output_tokens)
         status = response.status
         return response
     except APIError as exc:
@@ -117,6 +122,7 @@ async def _forward(
         if index:
             gw.metrics.retries.inc()
         router.started(backend, plan)
+        sent_s = time.perf_counter()
         try:
             opened = await gw.upstream.open(
                 backend, _ROUTES[route], raw, headers, is_stream=parsed.is_stream
@@ -148,6 +154,11 @@ async def _forward(
         upstream.content_type == "text/event-stream"
     if is_sse:
         router.first_token(opened.backend, plan)
+        expected_cached = next((r.expected_cached_tokens for b, r in ranked
+                                if b is opened.backend), 0)
+        gw.slo.observe_first_token(opened.backend.name, plan.snapshot,
+                                   max(0, plan.request.num_prompt_tokens - expected_cached),
+                                   time.perf_counter() - sent_s)
     try:
         if is_sse:
             return await _relay_stream(request, gw, opened, ticket)

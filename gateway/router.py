@@ -41,10 +41,11 @@ _IM_START = "<|im_start|>"
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RoutePlan:
     request: RouteRequest
     reserved_tokens: int
+    snapshot: FleetSnapshot | None = None  # what the routing decision saw
 
 
 class _SegmentCache:
@@ -144,6 +145,20 @@ class Router:
         return None
 
     # -- the decision ---------------------------------------------------------------------
+    def snapshot(self, request: RouteRequest, now_s: float) -> FleetSnapshot:
+        """The backends serving the request's model, and how much of its prefix each holds."""
+        pool = self.registry.for_model(request.model)
+        return FleetSnapshot(
+            now_s=now_s, backends=tuple(b.state(now_s) for b in pool),
+            prefix=self._match(request, now_s) if pool else PrefixMatch(),
+            max_age_s=self.max_age_s,
+        )
+
+    def fleet_snapshot(self, now_s: float) -> FleetSnapshot:
+        """Every backend, no request: for the admission dispatcher's capacity check."""
+        return FleetSnapshot(now_s=now_s, backends=tuple(
+            b.state(now_s) for b in self.registry.backends), max_age_s=self.max_age_s)
+
     def rank(self, plan: RoutePlan, max_ranked: int = 2) -> list[tuple[Backend, Ranked]]:
         """The backends to try, best first, each with its score, reasons and expected hit."""
         request = plan.request
@@ -151,11 +166,8 @@ class Router:
         if not pool:
             return []
         now_s = time.monotonic()
-        prefix = self._match(request, now_s)
-        snapshot = FleetSnapshot(
-            now_s=now_s, backends=tuple(b.state(now_s) for b in pool), prefix=prefix,
-            max_age_s=self.max_age_s,
-        )
+        snapshot = self.snapshot(request, now_s)
+        plan.snapshot = snapshot
         ranked = schedule(request, snapshot, self.profile, now_s, self._rng,
                           max_ranked=max_ranked)
         by_name = {b.name: b for b in pool}

@@ -149,6 +149,11 @@ class AdmissionSettings(_Strict):
     redis_timeout_s: float = Field(0.25, gt=0)
     default_output_tokens: int = Field(
         256, ge=1, description="output tokens reserved when a request sets no max_tokens")
+    slo_enabled: bool = Field(
+        True, description="admit / queue / reject by predicted TTFT against the tier's SLO")
+    lower_tier_share: float = Field(0.05, ge=0, lt=1,
+                                    description="share of dispatch guaranteed to lower tiers")
+    max_queue_len: int = Field(10_000, ge=1)
 
 
 class Settings(_Strict):

@@ -1,0 +1,167 @@
+"""SLO-class admission in the gateway: admit, queue fairly, or reject early.
+
+The decision is ``admission.policy.decide`` (pure) on the same fleet snapshot routing uses.
+Queued requests wait here, in ``admission.FairQueue`` (strict priority across tiers with a
+guaranteed share for lower ones, token-weighted fairness across tenants within a tier), and a
+dispatcher releases them while the fleet has capacity, so overload waits in the gateway, where
+it can be ordered, instead of in the workers' FIFO queues. A request whose deadline passes in
+the queue is answered 503 before any upstream work; a client that leaves is dropped from the
+queue. The TTFT predictor learns from every streamed first token.
+
+Example::
+
+    slo = SloAdmission(settings.tiers, router)
+    tier = slo.tier_for(principal, request.headers.get("x-switchyard-tier"))
+    await slo.admit(tier, principal, plan, request_id)     # returns, or raises APIError 503
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+
+from admission.fair_queue import FairQueue, FairQueueConfig, QueueEntry
+from admission.policy import AdmissionRequest, decide, fleet_has_capacity, reject_expired
+from admission.predictor import TtftPredictor, snapshot_features
+from admission.tiers import (
+    Tier,
+    TierConfig,
+    TierConfigError,
+    TierNotAllowedError,
+    UnknownTierError,
+    resolve_tier,
+    tier_table,
+)
+from gateway.auth import Principal
+from gateway.errors import APIError
+from gateway.router import RoutePlan, Router
+from routing.types import FleetSnapshot
+
+log = logging.getLogger(__name__)
+TIER_HEADER = "x-switchyard-tier"
+
+
+class SloAdmission:
+    def __init__(self, tiers: Iterable[Tier | TierConfig], router: Router, *,
+                 is_enabled: bool = True, tick_s: float = 0.01,
+                 queue_config: FairQueueConfig | None = None) -> None:
+        self.tiers = tier_table(tiers)
+        self.router = router
+        self.is_enabled = is_enabled
+        self.queue = FairQueue(self.tiers.values(), queue_config)
+        self.predictor = TtftPredictor()
+        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self._wakeup = asyncio.Event()
+        self._tick_s = tick_s
+        self.num_rejected: dict[str, int] = {}
+        self.num_queued = 0
+
+    # -- per request ----------------------------------------------------------------------
+    def tier_for(self, principal: Principal, requested: str | None) -> Tier:
+        try:
+            return resolve_tier(self.tiers, principal.tenant.tier, principal.key.tier, requested)
+        except UnknownTierError as exc:
+            raise APIError.bad_request(str(exc), param=TIER_HEADER, code="unknown_tier") from None
+        except TierNotAllowedError as exc:
+            raise APIError.forbidden(str(exc), code="tier_not_allowed",
+                                     param=TIER_HEADER) from None
+        except TierConfigError as exc:
+            raise APIError(500, f"Gateway misconfiguration: {exc}", type="server_error",
+                           code="tier_misconfigured") from None
+
+    async def admit(self, tier: Tier, principal: Principal, plan: RoutePlan,
+                    request_id: str) -> None:
+        """Return when the request may go upstream; raise APIError 503 when it may not."""
+        if not self.is_enabled:
+            return
+        now_s = time.monotonic()
+        snapshot = self.router.snapshot(plan.request, now_s)
+        if not any(b.is_healthy for b in snapshot.backends):
+            return  # nothing to wait for: routing answers 503 no_healthy_backend at once
+        request = AdmissionRequest(tier=tier, tenant=principal.tenant.id,
+                                   prompt_tokens=plan.request.num_prompt_tokens,
+                                   model=plan.request.model, arrival_s=now_s)
+        decision = decide(request, snapshot, self.predictor, now_s,
+                          num_queued_ahead=self.queue.num_ahead(tier))
+        if decision.action == "admit":
+            return
+        if decision.action == "reject":
+            self._reject_count(decision.reason)
+            raise _overloaded(tier, decision.reason, decision.retry_after_s)
+        entry = QueueEntry(entry_id=request_id, tenant=principal.tenant.id, tier=tier.name,
+                           cost_tokens=plan.reserved_tokens, arrival_s=now_s,
+                           deadline_s=decision.deadline_s)
+        if request_id in self.queue or not self.queue.push(entry, now_s):
+            self._reject_count("queue full")
+            raise _overloaded(tier, "the admission queue is full", 1.0)
+        self.num_queued += 1
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = waiter
+        self._wakeup.set()
+        try:
+            await waiter
+        finally:
+            self._waiters.pop(request_id, None)
+            self.queue.remove(request_id)  # no-op once dispatched; the client may have left
+
+    def observe_first_token(self, backend: str, snapshot: FleetSnapshot | None,
+                            uncached_tokens: int, ttft_s: float) -> None:
+        if snapshot is not None:
+            features = snapshot_features(snapshot, backend, uncached_tokens)
+            self.predictor.observe(backend, features, ttft_s)
+
+    def finished(self, tenant: str, tier: str, reserved_tokens: int, actual_tokens: int) -> None:
+        """Settle the queue's charge to the actual tokens and let the dispatcher look again."""
+        if self.is_enabled:
+            self.queue.charge(tenant, actual_tokens - reserved_tokens, tier)
+            if len(self.queue):
+                self._wakeup.set()
+
+    # -- the dispatcher -------------------------------------------------------------------
+    async def run_dispatcher(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), self._tick_s)
+            self._wakeup.clear()
+            self.dispatch(time.monotonic())
+            await asyncio.sleep(0)
+
+    def dispatch(self, now_s: float) -> int:
+        """Release queued requests while the fleet has room; answer the expired. One pass."""
+        for entry in self.queue.expire(now_s):
+            waiter = self._waiters.get(entry.entry_id)
+            if waiter is not None and not waiter.done():
+                decision = reject_expired(self.tiers[entry.tier], entry.arrival_s, now_s)
+                self._reject_count("deadline passed in the queue")
+                waiter.set_exception(_overloaded(self.tiers[entry.tier], decision.reason,
+                                                 decision.retry_after_s))
+        # One release per pass: the released handler routes (and counts itself in flight on
+        # its backend) before the next pass looks at the fleet again.
+        while len(self.queue) and fleet_has_capacity(self.router.fleet_snapshot(now_s)):
+            popped = self.queue.pop(now_s)
+            if popped is None:
+                return 0
+            waiter = self._waiters.get(popped.entry_id)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+                self._wakeup.set()
+                return 1
+        return 0
+
+    def _reject_count(self, reason: str) -> None:
+        key = reason.split(":")[0][:40]
+        self.num_rejected[key] = self.num_rejected.get(key, 0) + 1
+
+
+def _overloaded(tier: Tier, reason: str, retry_after_s: float | None) -> APIError:
+    retry_s = max(1, round(retry_after_s or 1))
+    return APIError(
+        503,
+        f"The fleet cannot serve this {tier.name!r}-tier request within its SLO right now "
+        f"({reason}); retry after {retry_s} s or use a lower tier.",
+        type="service_unavailable", code="overloaded",
+        headers={"Retry-After": str(retry_s), "retry-after-ms": str(retry_s * 1000)},
+    )
