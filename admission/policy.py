@@ -5,9 +5,12 @@
 - **admit** when the fleet has capacity (``fleet_has_capacity``) and the quickest backend's
   predicted TTFT, plus any time already waited, meets the tier's target;
 - otherwise, by the tier's ``on_overload``: ``reject`` answers at once (503, ``Retry-After``
-  and the reason); ``queue_until_deadline`` and ``queue`` wait in ``FairQueue`` until
-  ``tier.queue_deadline_s(arrival_s)`` (the TTFT SLO or ``max_queue_wait_s``: see
-  ``Tier.max_wait_s``), and are answered with a 503 if still waiting then.
+  and the reason) — unless the fleet is saturated only by lower tiers (nothing of this tier
+  queued ahead) and the request could still meet its SLO from the head of the queue: then it
+  waits there, at most until that stops being true; ``queue_until_deadline`` and ``queue``
+  wait in ``FairQueue`` until ``tier.queue_deadline_s(arrival_s)`` (the TTFT SLO or
+  ``max_queue_wait_s``: see ``Tier.max_wait_s``), and are answered with a 503 if still
+  waiting then.
 
 The target is the TTFT SLO, except for a request the fleet could not serve within its SLO
 even idle (its own prefill is too long): rejecting that would not help, so its target is its
@@ -168,6 +171,14 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
     if not has_capacity:
         reason = (f"fleet saturated: no backend has <= {config.max_waiting} waiting requests, "
                   f"KV usage below {config.max_kv_usage:.0%} and a free batch slot")
+        head_deadline_s = arrival_s + tier.ttft_slo_s - idle_s
+        if tier.on_overload == "reject" and num_queued_ahead == 0 and head_deadline_s > now_s:
+            # Saturated by lower tiers: this request goes to the head of the gateway's queue
+            # and takes the next free slot, so it can still meet its SLO. Wait only as long
+            # as that stays true; past that it is rejected (503) before any upstream work.
+            return Decision("queue", f"{reason}; at the head of the queue for up to "
+                            f"{head_deadline_s - now_s:.3g} s", best_s,
+                            deadline_s=head_deadline_s, backend=best.name)
     else:
         reason = (f"predicted TTFT {expected_s:.3g} s (quickest: {best.name}) exceeds the "
                   f"{tier.name} tier's {target_s:.3g} s target")

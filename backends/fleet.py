@@ -87,7 +87,7 @@ class FleetSync:
         session: aiohttp.ClientSession,
         *,
         index: KvIndex | None = None,
-        poll_interval_s: float = 0.5,
+        poll_interval_s: float = 0.25,
         scrape_interval_s: float = 1.0,
         on_change: Any = None,
     ) -> None:
@@ -170,6 +170,7 @@ class FleetSync:
         backend.kv_usage = float(load.get("kv_usage", 0.0))
         backend.num_queued_prefill_tokens = int(load.get("num_queued_prefill_tokens", 0))
         backend.load_observed_s = time.monotonic() - age_s
+        backend.num_finished_since_load = 0
         if backend.source == "heartbeat":
             backend.is_healthy = True
         return backend.name
@@ -203,6 +204,7 @@ class FleetSync:
         backend.num_waiting = int(totals.get("waiting", 0))
         backend.kv_usage = min(1.0, max(0.0, totals.get("kv", 0.0)))
         backend.load_observed_s = time.monotonic()
+        backend.num_finished_since_load = 0
 
     # -- KV events into the exact index --------------------------------------------------
     async def consume_kv_events(self) -> None:

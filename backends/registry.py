@@ -41,15 +41,21 @@ class Backend:
     num_in_flight: int = 0
     num_in_flight_tokens: int = 0
     num_in_flight_prompt_tokens: int = 0  # sent, no first token yet: the fresh prefill backlog
+    # Requests this gateway saw finish since the engine's figures were observed: the engine
+    # has fewer running (or waiting) than it last said, by at least this many.
+    num_finished_since_load: int = 0
 
     def state(self, now_s: float) -> BackendState:
         """This backend as routing sees it at ``now_s`` (monotonic)."""
         # Never observed: stale, so routing treats it as unknown, never as idle.
         age_s = inf if self.load_observed_s is None else max(0.0, now_s - self.load_observed_s)
+        finished = self.num_finished_since_load
+        num_running = max(0, self.num_running - finished)
+        num_waiting = max(0, self.num_waiting - max(0, finished - self.num_running))
         return BackendState(
             name=self.name, models=self.models, is_healthy=self.is_healthy, age_s=age_s,
-            weight=self.weight, profile=self.profile, num_running=self.num_running,
-            num_waiting=self.num_waiting, kv_usage=self.kv_usage,
+            weight=self.weight, profile=self.profile, num_running=num_running,
+            num_waiting=num_waiting, kv_usage=self.kv_usage,
             num_queued_prefill_tokens=self.num_queued_prefill_tokens,
             num_in_flight=self.num_in_flight, num_in_flight_tokens=self.num_in_flight_tokens,
             num_in_flight_prompt_tokens=self.num_in_flight_prompt_tokens, source=self.source,

@@ -205,6 +205,7 @@ class Router:
     def finished(self, backend: Backend, plan: RoutePlan, *, had_first_token: bool) -> None:
         backend.num_in_flight -= 1
         backend.num_in_flight_tokens -= plan.reserved_tokens
+        backend.num_finished_since_load += 1
         if not had_first_token:
             backend.num_in_flight_prompt_tokens -= plan.request.num_prompt_tokens
 

@@ -54,8 +54,8 @@ BACKLOGGED = snapshot(backend("w0", num_queued_prefill_tokens=20_000))  # 2.12 s
     [
         pytest.param(request("interactive"), IDLE, 0, "admit", "0.12 s on w0 meets",
                      None, None, id="interactive-light"),
-        pytest.param(request("interactive"), SATURATED, 0, "reject", "fleet saturated",
-                     1.0, None, id="interactive-saturated"),
+        pytest.param(request("interactive"), SATURATED, 1, "reject", "fleet saturated",
+                     1.0, None, id="interactive-saturated-and-queued-ahead"),
         pytest.param(request("interactive"), BACKLOGGED, 0, "reject", "2.12 s (quickest: w0) "
                      "exceeds the interactive tier's 0.5 s target", 1.62, None,
                      id="interactive-slo-miss"),
@@ -90,6 +90,17 @@ def test_decide(req: AdmissionRequest, snap: FleetSnapshot, ahead: int, action: 
     assert (decision.action, decision.deadline_s) == (action, deadline_s)
     assert reason in decision.reason
     assert decision.retry_after_s == pytest.approx(retry_after_s)
+
+
+def test_interactive_waits_at_the_head_only_while_it_can_meet_its_slo() -> None:
+    predictor = TtftPredictor()
+    decision = decide(request("interactive"), SATURATED, predictor, NOW_S, num_queued_ahead=0)
+    assert decision.action == "queue" and "head of the queue" in decision.reason
+    assert decision.deadline_s is not None
+    # The deadline leaves room for its own (idle) TTFT within the 0.5 s SLO.
+    assert NOW_S < decision.deadline_s < NOW_S + 0.5
+    late = decide(request("interactive", arrival_s=NOW_S - 0.45), SATURATED, predictor, NOW_S)
+    assert late.action == "reject"
 
 
 @pytest.mark.parametrize(
