@@ -12,6 +12,7 @@ way. Example::
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -24,6 +25,14 @@ from pathlib import Path
 from types import TracebackType
 
 import httpx
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM if the parent dies, even by SIGKILL (Linux), so
+    a killed ``switchyard up`` or test run never leaves orphans holding ports."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -71,7 +80,7 @@ class ProcessGroup:
         full_env = {**os.environ, **(env or {})}
         child = subprocess.Popen(
             list(argv), stdout=stdout, stderr=subprocess.STDOUT if stdout is not None else None,
-            env=full_env,
+            env=full_env, preexec_fn=_die_with_parent,
         )
         if stdout not in (None, subprocess.DEVNULL):
             os.close(stdout)
