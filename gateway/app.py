@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import redis.asyncio as aioredis
 from aiohttp import web
@@ -31,7 +31,7 @@ from gateway.auth import Authenticator
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, from_http_exception
 from gateway.keystore import KeyStore
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, counter_family
 from gateway.router import Router
 from gateway.settings import RoutingSettings, Settings
 from gateway.slo import SloAdmission
@@ -141,6 +141,8 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
                                          max_total=admission.max_queue_len,
                                          max_per_tier=admission.max_queue_len),
         )
+        metrics.add_source(slo.collect_metrics)
+        metrics.add_source(lambda: _quota_metrics(quotas))
         app[GATEWAY] = Gateway(
             settings=settings, registry=registry, metrics=metrics, redis=redis, store=store,
             auth=auth, upstream=upstream, router=router, quotas=quotas, slo=slo,
@@ -179,6 +181,20 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             await redis.aclose()
 
     app.cleanup_ctx.append(lifecycle)
+
+
+def _quota_metrics(quotas: QuotaStore) -> Iterator[object]:
+    counters = quotas.counters()
+    yield counter_family("switchyard_quota_checks", "Quota checks (one Redis script each).",
+                         None, float(counters.get("num_acquires", 0)))
+    yield counter_family("switchyard_quota_refusals", "Requests refused by tenant quotas.",
+                         None, float(counters.get("num_refused", 0)))
+    yield counter_family("switchyard_quota_fail_open",
+                         "Requests admitted on local limits because Redis was unreachable.",
+                         None, float(counters.get("num_fail_open", 0)))
+    yield counter_family("switchyard_quota_fail_closed",
+                         "Requests refused because Redis was unreachable (fail-closed).",
+                         None, float(counters.get("num_fail_closed", 0)))
 
 
 def scheduling_profile(settings: RoutingSettings) -> SchedulingProfile:

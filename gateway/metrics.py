@@ -6,7 +6,11 @@ codes. A model name the configuration does not know is recorded as ``"other"``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS_S = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -85,6 +89,10 @@ class GatewayMetrics:
         for name in backend_names:
             self.backend_healthy.labels(name).set(1)
 
+    def add_source(self, collect: Callable[[], Iterator[object]]) -> None:
+        """Register figures other components keep (read at scrape time, nothing per request)."""
+        self.registry.register(_CallbackCollector(collect))
+
     def observe_routing(self, num_prompt_tokens: int, num_expected_cached_tokens: int) -> None:
         self.routing_prompt_tokens.inc(num_prompt_tokens)
         self.routing_expected_cached_tokens.inc(num_expected_cached_tokens)
@@ -98,3 +106,33 @@ class GatewayMetrics:
             self._request_children[key] = child
         child.inc()
         self._duration_children[route].observe(duration_s)
+
+
+class _CallbackCollector(Collector):
+    def __init__(self, collect: Callable[[], Iterator[object]]) -> None:
+        self._collect = collect
+
+    def collect(self) -> Iterator[object]:  # type: ignore[override]
+        return self._collect()
+
+
+def counter_family(name: str, doc: str, label: str | None,
+                   values: Mapping[str, float] | float) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=[label] if label else None)
+    if isinstance(values, Mapping):
+        for key, value in values.items():
+            family.add_metric([key], value)
+    else:
+        family.add_metric([], values)
+    return family
+
+
+def gauge_family(name: str, doc: str, label: str | None,
+                 values: Mapping[str, float] | float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=[label] if label else None)
+    if isinstance(values, Mapping):
+        for key, value in values.items():
+            family.add_metric([key], value)
+    else:
+        family.add_metric([], values)
+    return family

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from admission.fair_queue import FairQueue, FairQueueConfig, QueueEntry
 from admission.policy import AdmissionRequest, decide, fleet_has_capacity, reject_expired
@@ -37,6 +37,7 @@ from admission.tiers import (
 )
 from gateway.auth import Principal
 from gateway.errors import APIError
+from gateway.metrics import counter_family, gauge_family
 from gateway.router import RoutePlan, Router
 from routing.types import FleetSnapshot
 
@@ -152,8 +153,37 @@ class SloAdmission:
         return 0
 
     def _reject_count(self, reason: str) -> None:
-        key = reason.split(":")[0][:40]
+        key = _reason_label(reason)
         self.num_rejected[key] = self.num_rejected.get(key, 0) + 1
+
+    def collect_metrics(self) -> Iterator[object]:
+        """Queue lengths, rejections by reason, the predictor's error: read at scrape time."""
+        yield gauge_family("switchyard_admission_queue_length",
+                           "Requests waiting in the gateway's admission queue.", "tier",
+                           {name: float(n) for name, n in self.queue.lengths().items()})
+        yield counter_family("switchyard_admission_rejections",
+                             "Requests refused by SLO admission, by reason.", "reason",
+                             {k: float(v) for k, v in self.num_rejected.items()})
+        yield counter_family("switchyard_admission_queued",
+                             "Requests that waited in the admission queue.", None,
+                             float(self.num_queued))
+        errors = self.predictor.error_stats()
+        yield gauge_family("switchyard_ttft_predictor_mape",
+                           "Mean absolute percentage error of recent TTFT predictions.", None,
+                           errors.mape)
+        yield gauge_family("switchyard_ttft_predictor_bias_seconds",
+                           "Mean predicted minus observed TTFT over recent predictions.", None,
+                           errors.bias_s)
+
+
+def _reason_label(reason: str) -> str:
+    """A bounded label for a free-text reason."""
+    for needle, label in (("queue is full", "queue_full"), ("deadline", "deadline"),
+                          ("saturated", "saturated"), ("exceeds", "slo_miss"),
+                          ("no healthy", "no_backend")):
+        if needle in reason:
+            return label
+    return "other"
 
 
 def _overloaded(tier: Tier, reason: str, retry_after_s: float | None) -> APIError:

@@ -137,3 +137,7 @@ def test_deadline_in_queue_gives_503_before_upstream_work(tmp_path: Path) -> Non
                         if line.startswith("vllm:request_success_total")]
         finished = sum(float(line.rsplit(" ", 1)[1]) for line in prompt_total)
         assert finished == statuses.count(200), (before, prompt_total)  # no upstream work
+        metrics = httpx.get(gateway.url + "/metrics").text
+        assert 'switchyard_admission_rejections_total{reason="deadline"}' in metrics
+        assert "switchyard_admission_queue_length" in metrics
+        assert "switchyard_ttft_predictor_mape" in metrics
