@@ -35,6 +35,7 @@ from gateway.metrics import GatewayMetrics, counter_family
 from gateway.router import Router
 from gateway.settings import RoutingSettings, Settings
 from gateway.slo import SloAdmission
+from gateway.telemetry import admin_waits, setup_telemetry
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex
 from routing.profile import SchedulingProfile, build_profile
@@ -89,6 +90,7 @@ def create_app(settings: Settings) -> web.Application:
         handler_args={"max_field_size": 16_384, "max_line_size": 16_384},
     )
     setup_gateway(app, settings)
+    setup_telemetry(app)
     setup_routes(app)
     return app
 
@@ -102,6 +104,7 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_get("/readyz", handlers.readyz)
     app.router.add_get("/metrics", handlers.metrics)
     app.router.add_routes(admin.routes)
+    app.router.add_get("/admin/waits", admin_waits)
 
 
 def setup_gateway(app: web.Application, settings: Settings) -> None:

@@ -1,11 +1,11 @@
-"""The `switchyard` command: serve, config check, up, tenants, keys, mock-engine."""
+"""The `switchyard` command: serve, config check, up, tenants, keys, waits, mock-engine."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from gateway import admin_client, up
+from gateway import admin_client, up, waits
 from gateway.settings import ConfigError, load_settings
 
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     up.add_arguments(sub.add_parser("up", help="run a local fleet: Redis, engines, gateway"))
     admin_client.register(sub)
+    waits.register(sub)
     sub.add_parser("mock-engine", help="run the placeholder OpenAI-compatible engine",
                    add_help=False)
     sub.add_parser("sim", help="run simulated GPU engine workers", add_help=False)
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "up":
         return up.run(args)
+    if args.command == "waits":
+        return waits.run(args)
     return admin_client.run(args.command, args)
 
 

@@ -20,6 +20,7 @@ from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, error_body
 from gateway.router import RoutePlan
 from gateway.slo import TIER_HEADER
+from gateway.telemetry import REQUEST_TRACE, TELEMETRY
 from gateway.validation import CompletionRequest, parse_completion_body
 
 _ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -39,11 +40,13 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def _handle(request: web.Request, route: str) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     started = time.perf_counter()
+    trace = request.app[TELEMETRY].start(request, route, started)
     model = ""
     status = 500
     gw.num_in_flight += 1
     try:
         principal = await gw.auth.authenticate(request.headers.get("Authorization"))
+        trace.waited("auth", started)
         raw = await _read_json_body(request, gw)
         parsed = parse_completion_body(raw, route=route)
         model = parsed.model
@@ -59,9 +62,15 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
             )
         plan = gw.router.describe(model, parsed.body, principal.tenant.id)
         tier = gw.slo.tier_for(principal, request.headers.get(TIER_HEADER))
+        trace.admitted(tier.name, principal.tenant.id, model, plan)
+        waited_s = time.perf_counter()
         ticket = await admit_quota(gw.quotas, principal, plan, request[REQUEST_ID])
+        if ticket.is_limited:
+            trace.waited("quota", waited_s)
         try:
+            trace.waiting("admission_queue")
             await gw.slo.admit(tier, principal, plan, request[REQUEST_ID])
+            trace.waited("admission_queue")
             response = await _forward(request, gw, route, parsed, raw, plan, ticket)
         finally:
             finish_quota(ticket)
@@ -79,6 +88,7 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
     finally:
         gw.num_in_flight -= 1
         gw.metrics.observe_request(route, model, status, time.perf_counter() - started)
+        trace.finish(status)
 
 
 async def _read_json_body(request: web.Request, gw: Gateway) -> bytes:
@@ -103,8 +113,11 @@ async def _forward(
     plan: RoutePlan, ticket: QuotaTicket,
 ) -> web.StreamResponse:
     router = gw.router
+    trace = request[REQUEST_TRACE]
     max_attempts = 2 if gw.settings.upstream.retry_before_first_byte else 1
+    routed_s = time.perf_counter()
     ranked = router.rank(plan, max_ranked=max_attempts)
+    trace.routed(routed_s, ranked, plan.request.num_prompt_tokens)
     if not ranked:
         raise APIError.unavailable(
             f"No healthy backend serves {parsed.model!r} right now; retry shortly.", 2
@@ -116,8 +129,10 @@ async def _forward(
         value = request.headers.get(name)
         if value is not None:
             headers[name] = value
+    trace.inject(headers)
     failure: UpstreamFailure | None = None
     opened: Opened | None = None
+    first_sent_s = time.perf_counter()
     for index, backend in enumerate(attempts):
         if index:
             gw.metrics.retries.inc()
@@ -152,6 +167,7 @@ async def _forward(
     upstream = opened.response
     is_sse = parsed.is_stream and upstream.status == 200 and \
         upstream.content_type == "text/event-stream"
+    trace.responded(opened.backend.name, first_sent_s, index + 1, is_sse)
     if is_sse:
         router.first_token(opened.backend, plan)
         expected_cached = next((r.expected_cached_tokens for b, r in ranked
@@ -198,6 +214,7 @@ async def _relay_body(
     if ticket.is_limited:
         response.headers.update(ticket.headers)
         ticket.num_output_tokens = output_tokens_from(body[-512:], 0)
+    request[REQUEST_TRACE].tail = body
     return response
 
 
@@ -254,6 +271,7 @@ async def _relay_stream(
     finally:
         gw.metrics.streamed_chunks.inc(num_chunks)
         ticket.num_output_tokens = output_tokens_from(tail[-512:], num_events)
+        request[REQUEST_TRACE].streamed(tail, ticket.num_output_tokens)
     return out
 
 

@@ -166,8 +166,10 @@ class Router:
         if not pool:
             return []
         now_s = time.monotonic()
-        snapshot = self.snapshot(request, now_s)
-        plan.snapshot = snapshot
+        snapshot = plan.snapshot  # admission's, when it decided just now
+        if snapshot is None or now_s - snapshot.now_s > 0.002:
+            snapshot = self.snapshot(request, now_s)
+            plan.snapshot = snapshot
         ranked = schedule(request, snapshot, self.profile, now_s, self._rng,
                           max_ranked=max_ranked)
         by_name = {b.name: b for b in pool}

@@ -88,6 +88,7 @@ class SloAdmission:
         decision = decide(request, snapshot, self.predictor, now_s,
                           num_queued_ahead=self.queue.num_ahead(tier))
         if decision.action == "admit":
+            plan.snapshot = snapshot  # routing reuses it: no second snapshot
             return
         if decision.action == "reject":
             self._reject_count(decision.reason)

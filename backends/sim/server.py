@@ -4,18 +4,40 @@
 ``prompt_tokens_details.cached_tokens``), ``/v1/models``, ``/health``, and ``/metrics`` with
 vLLM's metric names. Serve it with ``handler_cancellation=True`` so a client that goes away
 aborts its sequence and frees its KV at once.
+
+With tracing on (the standard ``OTEL_*`` variables, as for the gateway), each request adds a
+SERVER span to the trace named by its ``traceparent``, with engine_queue, prefill and decode
+spans timed by the worker's own clock.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import time
 from typing import Any
 
 import orjson
 from aiohttp import web
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.propagate import extract
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SpanExporter,
+)
+from opentelemetry.trace import SpanKind, Tracer, set_span_in_context
 
-from backends.sim.request import SimRequest, SimRequestError, output_text, parse_sim_request
+from backends.sim.request import (
+    OUTPUT_WORDS,
+    SimRequest,
+    SimRequestError,
+    output_text,
+    parse_sim_request,
+)
 from backends.sim.worker import RequestHandle, SimWorker
 from backends.tokenizer import Tokenizer
 
@@ -24,12 +46,19 @@ TOKENIZER = web.AppKey("sim_tokenizer", Tokenizer)
 DONE_EVENT = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 DEFAULT_MAX_TOKENS = 256
+# Output words as they appear in a completion's "text" and a chat chunk's "delta".
+_TEXT_WORDS_JSON = tuple(orjson.dumps(output_text(i)) for i in range(len(OUTPUT_WORDS)))
+_CHAT_WORDS_JSON = tuple(orjson.dumps({"content": output_text(i)})
+                         for i in range(len(OUTPUT_WORDS)))
+_SLOT = "\x00"  # stands for the token's word in a stream's frame; JSON-escaped, it is unique
+_SLOT_JSON = orjson.dumps(_SLOT)
 
 
 def create_app(worker: SimWorker, tokenizer: Tokenizer) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[WORKER] = worker
     app[TOKENIZER] = tokenizer
+    tracer()  # a bad OTEL_* setting fails at start, not on the first request
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/v1/models", _models)
@@ -56,6 +85,7 @@ def _error(status: int, message: str, param: str | None = None,
 
 async def _serve(request: web.Request, *, is_chat: bool) -> web.StreamResponse:
     worker = request.app[WORKER]
+    started_ns = time.time_ns()
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
@@ -84,6 +114,8 @@ async def _serve(request: web.Request, *, is_chat: bool) -> web.StreamResponse:
                             content_type="application/json")
     finally:
         worker.abort(seq_id)  # no-op once finished; frees KV when the client went away
+        if (spans := tracer()) is not None:
+            _trace(spans, request, parsed, handle, worker.worker_id, started_ns)
 
 
 def _usage(parsed: SimRequest, handle: RequestHandle) -> dict[str, Any]:
@@ -130,22 +162,26 @@ async def _stream(request: web.Request, parsed: SimRequest, handle: RequestHandl
                   "logprobs": None, "finish_reason": finish_reason}
         return b"data: " + orjson.dumps({**head, "choices": [choice], **usage_field}) + b"\n\n"
 
-    async for token in handle.tokens():
-        index = token.num_output_tokens - 1
-        text = output_text(index)
-        if parsed.is_chat:
-            chunk = event({"content": text}, None)
-            if index == 0:
-                chunk = event({"role": "assistant", "content": ""}, None) + chunk
-        else:
-            chunk = event(text, None)
-        if token.finish_reason is not None:
-            chunk += event({} if parsed.is_chat else "", token.finish_reason)
-            if parsed.is_usage_streamed:
-                tail: dict[str, Any] = {**head, "choices": [], "usage": _usage(parsed, handle)}
-                chunk += b"data: " + orjson.dumps(tail) + b"\n\n"
-            chunk += DONE_EVENT
-        await out.write(chunk)
+    # A token's event is this stream's constant frame around a pre-encoded word: every token
+    # of every stream pays for it, so it is spliced, not serialised.
+    token_prefix, token_suffix = event(_SLOT, None).split(_SLOT_JSON)
+    words_json = _CHAT_WORDS_JSON if parsed.is_chat else _TEXT_WORDS_JSON
+    is_finished = False
+    while not is_finished:
+        parts: list[bytes] = []
+        for token in await handle.next_events():
+            index = token.num_output_tokens - 1
+            if parsed.is_chat and index == 0:
+                parts.append(event({"role": "assistant", "content": ""}, None))
+            parts += (token_prefix, words_json[index % len(words_json)], token_suffix)
+            if token.finish_reason is not None:
+                is_finished = True
+                parts.append(event({} if parsed.is_chat else "", token.finish_reason))
+                if parsed.is_usage_streamed:
+                    tail: dict[str, Any] = {**head, "choices": [], "usage": _usage(parsed, handle)}
+                    parts.append(b"data: " + orjson.dumps(tail) + b"\n\n")
+                parts.append(DONE_EVENT)
+        await out.write(b"".join(parts))  # tokens that piled up while behind go in one write
     await out.write_eof()
     return out
 
@@ -166,7 +202,7 @@ async def _profile(request: web.Request) -> web.Response:
     worker = request.app[WORKER]
     body = {"worker_id": worker.worker_id, "profile": worker.profile.to_json(),
             "load": worker.load(), "num_steps": worker.num_steps,
-            "total_lateness_s": worker.total_lateness_s}
+            "total_lateness_s": worker.total_lateness_s, "max_lateness_s": worker.max_lateness_s}
     return web.Response(body=orjson.dumps(body), content_type="application/json")
 
 
@@ -199,3 +235,75 @@ async def _metrics(request: web.Request) -> web.Response:
     body = ("\n".join(lines) + "\n").encode()
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
+
+
+@functools.cache
+def tracer() -> Tracer | None:
+    """This process's tracer, from the standard ``OTEL_*`` variables; None when tracing is off
+    (no ``OTEL_TRACES_EXPORTER`` and no OTLP endpoint, or ``none``)."""
+    env = os.environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    names = env.get("OTEL_TRACES_EXPORTER") or (
+        "otlp" if env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or env.get("OTEL_EXPORTER_OTLP_ENDPOINT") else "none")
+    exporters: list[SpanExporter] = []
+    for name in (n.strip().lower() for n in names.split(",") if n.strip()):
+        if name == "otlp":
+            exporters.append(OTLPSpanExporter())  # OTLP over HTTP, configured by OTEL_*
+        elif name == "console":
+            exporters.append(ConsoleSpanExporter())
+        elif name != "none":
+            raise ValueError(f"OTEL_TRACES_EXPORTER={names!r}: unknown exporter {name!r}; use "
+                             "otlp, console or none")
+    if not exporters:
+        return None
+    service = OTELResourceDetector().detect().attributes.get("service.name") or "switchyard-sim"
+    provider = TracerProvider(resource=Resource.create({"service.name": str(service)}))
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider.get_tracer("switchyard.sim")
+
+
+def _trace(spans: Tracer, request: web.Request, parsed: SimRequest, handle: RequestHandle,
+           worker_id: str, started_ns: int) -> None:
+    """The request's SERVER span and its engine_queue, prefill and decode children."""
+    phases = handle.phases()
+    now_s = asyncio.get_running_loop().time()
+    now_ns = time.time_ns()
+
+    def to_ns(loop_s: float) -> int:
+        return now_ns - round((now_s - loop_s) * 1e9)
+
+    end_s = phases.finish_s if phases.finish_s is not None else now_s
+    operation = "chat" if parsed.is_chat else "text_completion"
+    parent = extract(request.headers) if "traceparent" in request.headers else None
+    server = spans.start_span(
+        f"{operation} {parsed.model}", context=parent, kind=SpanKind.SERVER,
+        start_time=started_ns, attributes={
+            "gen_ai.operation.name": operation, "gen_ai.request.model": parsed.model,
+            "gen_ai.request.max_tokens": parsed.max_tokens,
+            "gen_ai.usage.input_tokens": phases.num_prompt_tokens,
+            "gen_ai.usage.output_tokens": phases.num_output_tokens,
+            "gen_ai.response.finish_reasons": [handle.finish_reason or "abort"],
+            "switchyard.worker.id": worker_id, "server.address": request.host.split(":")[0]})
+    context = set_span_in_context(server)
+    children: tuple[tuple[str, float | None, float | None, dict[str, int]], ...] = (
+        ("engine_queue", phases.arrival_s, phases.scheduled_s, {}),
+        ("prefill", phases.scheduled_s, phases.first_token_s, {
+            "switchyard.engine.prompt_tokens": phases.num_prompt_tokens,
+            "switchyard.engine.cached_tokens": phases.num_cached_tokens}),
+        ("decode", phases.first_token_s, phases.finish_s, {
+            "switchyard.engine.output_tokens": phases.num_output_tokens,
+            "switchyard.engine.decode_steps": phases.num_decode_steps,
+            "switchyard.engine.preemptions": phases.num_preemptions}),
+    )
+    for name, begin_s, stop_s, attributes in children:
+        if begin_s is None:
+            continue  # the client left before this phase began
+        span = spans.start_span(name, context=context, start_time=to_ns(begin_s),
+                                attributes=attributes)
+        span.end(end_time=to_ns(stop_s if stop_s is not None else end_s))
+    # Now, when the response has been written; the loop's timers may wake a little before
+    # the modelled end of the last step.
+    server.end(end_time=max(time.time_ns(), to_ns(end_s)))

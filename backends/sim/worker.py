@@ -25,6 +25,9 @@ from backends.sim.core import SimEngineCore
 from backends.sim.profile import WorkerProfile
 from backends.sim.sequence import Sequence
 
+# Behind its deadlines, a worker runs up to this many steps before it yields the loop.
+MAX_OVERDUE_STEPS_PER_YIELD = 8
+
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
@@ -32,11 +35,37 @@ class TokenEvent:
     finish_reason: str | None
 
 
-class RequestHandle:
-    """A submitted request: its token events as they are generated, and its timings."""
+@dataclass(frozen=True, slots=True)
+class EnginePhases:
+    """Where a request spent its time in the engine, in the worker loop's clock (seconds):
+    queued from ``arrival_s`` to ``scheduled_s``, prefilling until ``first_token_s``, decoding
+    until ``finish_s``. A phase that never began (the client left) is None."""
 
-    __slots__ = ("_queue", "arrival_s", "finish_reason", "finish_s", "first_token_s",
-                 "num_cached_tokens", "num_output_tokens", "num_prompt_tokens", "seq", "seq_id")
+    arrival_s: float
+    scheduled_s: float | None
+    first_token_s: float | None
+    finish_s: float | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+    num_preemptions: int
+
+    @property
+    def num_decode_steps(self) -> int:
+        return max(0, self.num_output_tokens - 1)  # the first token comes from prefill
+
+
+class RequestHandle:
+    """A submitted request: its token events as they are generated, and its timings.
+
+    One consumer reads the events, with ``next_events()`` or ``tokens()``. Tokens wait in a
+    list and a single future wakes the consumer: this is paid per token per stream, so it
+    stays lighter than an ``asyncio.Queue``.
+    """
+
+    __slots__ = ("_events", "_waiter", "arrival_s", "finish_reason", "finish_s",
+                 "first_token_s", "num_cached_tokens", "num_output_tokens", "num_prompt_tokens",
+                 "seq", "seq_id")
 
     def __init__(self, seq: Sequence, arrival_s: float) -> None:
         self.seq = seq
@@ -48,22 +77,46 @@ class RequestHandle:
         self.num_cached_tokens = 0
         self.num_output_tokens = 0
         self.finish_reason: str | None = None
-        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._events: list[TokenEvent] = []
+        self._waiter: asyncio.Future[None] | None = None
 
     def _deliver(self, event: TokenEvent) -> None:
-        self._queue.put_nowait(event)
+        self._events.append(event)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next_events(self) -> list[TokenEvent]:
+        """The token events delivered since the last call, waiting for at least one. A
+        consumer that fell behind gets them all at once, so it can send them in one write."""
+        while not self._events:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        events, self._events = self._events, []
+        return events
 
     async def tokens(self) -> AsyncIterator[TokenEvent]:
         """Each new token as it is generated; the last carries ``finish_reason``."""
         while True:
-            event = await self._queue.get()
-            yield event
-            if event.finish_reason is not None:
-                return
+            for event in await self.next_events():
+                yield event
+                if event.finish_reason is not None:
+                    return
+
+    def phases(self) -> EnginePhases:
+        seq = self.seq
+        return EnginePhases(
+            arrival_s=self.arrival_s, scheduled_s=seq.first_scheduled_time_s,
+            first_token_s=self.first_token_s, finish_s=self.finish_s,
+            num_prompt_tokens=self.num_prompt_tokens, num_cached_tokens=self.num_cached_tokens,
+            num_output_tokens=self.num_output_tokens, num_preemptions=seq.num_preemptions,
+        )
 
     async def wait_finished(self) -> None:
-        async for _ in self.tokens():
-            pass
+        while True:
+            events = await self.next_events()
+            if events[-1].finish_reason is not None:
+                return
 
 
 class SimWorker:
@@ -84,10 +137,12 @@ class SimWorker:
         self.publisher = publisher
         self._handles: dict[str, RequestHandle] = {}
         self._wakeup = asyncio.Event()
+        self._idle_until_s = 0.0  # when the request that ended the latest idle spell arrived
         self._jitter_frac = jitter_frac
         self._rng = random.Random(seed)
         self.num_steps = 0
         self.total_lateness_s = 0.0  # how far real wake-ups trailed the modelled deadlines
+        self.max_lateness_s = 0.0  # the worst of them
         self.num_requests_finished: dict[str, int] = {}
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
@@ -101,7 +156,9 @@ class SimWorker:
         handle = RequestHandle(seq, now_s)
         self._handles[seq_id] = handle
         self.num_prompt_tokens_total += seq.num_prompt_tokens
-        self._wakeup.set()
+        if not self._wakeup.is_set():
+            self._idle_until_s = now_s
+            self._wakeup.set()
         return handle
 
     def abort(self, seq_id: str) -> None:
@@ -112,12 +169,15 @@ class SimWorker:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         deadline_s = loop.time()
+        num_overdue_steps = 0  # run since this loop last let its clients have the loop
         while True:
             if not self.core.has_work:
                 self._wakeup.clear()
                 self._publish_kv_events()
                 await self._wakeup.wait()
-                deadline_s = loop.time()
+                # The engine starts when the request arrives, not when this task gets the
+                # loop: a busy loop would otherwise delay every later step of this worker.
+                deadline_s = self._idle_until_s
                 continue
             _, step_s = self.core.step(deadline_s)
             if self._jitter_frac:
@@ -126,9 +186,19 @@ class SimWorker:
             delay_s = deadline_s - loop.time()
             if delay_s > 0:
                 await asyncio.sleep(delay_s)
-            else:
-                self.total_lateness_s -= delay_s
+                delay_s = deadline_s - loop.time()  # a busy loop wakes us late, too
+                num_overdue_steps = 0
+            elif num_overdue_steps >= MAX_OVERDUE_STEPS_PER_YIELD:
                 await asyncio.sleep(0)  # let clients run even when the fleet is behind
+                num_overdue_steps = 0
+            else:
+                # Behind: catch up on a few steps first, so each stream sends their tokens
+                # in one write. A write per token costs the loop as much when catching up as
+                # when keeping pace, so a loaded fleet that fell behind once stayed behind.
+                num_overdue_steps += 1
+            if delay_s < 0:
+                self.total_lateness_s -= delay_s
+                self.max_lateness_s = max(self.max_lateness_s, -delay_s)
             outcome = self.core.finish_step(deadline_s)
             self.num_steps += 1
             for token in outcome.tokens:

@@ -1,0 +1,255 @@
+"""Issue 4, live: routing profiles compared on fresh simulated fleets, in one run.
+
+For each profile (round_robin, least_load, random, prefix_affinity with the approximate index,
+prefix_affinity with the exact index) a fresh fleet is started (redis, ``--workers`` simulated
+workers that join through Redis, a gateway with that profile and SLO admission off) and driven
+open-loop (Poisson) with ANCHORS.md's shared-prefix workload (24 tenants, one 1.5-3k-token
+system prompt each, Zipf popularity, unique 50-200-token questions, streaming) at ~75% of
+round-robin's capacity. Then: the multi-turn workload (round_robin vs both prefix_affinity
+variants); the hot-prefix experiment (one group carries 30% of the traffic at a rate where its
+single holder would saturate, against a uniform workload at the same rate); and KV pressure
+(each worker's KV = 25% and 100% of the prefixes' working set), exact vs approximate index,
+round_robin as a reference.
+
+**Calibration.** Round-robin's capacity C is the throughput of a closed loop with 16 requests
+in flight per worker (``--calibration-concurrency``): requests finished within its
+``--calibration-s``, per second; every engine is busy ~100% of the time there (reported). The
+main rate is 0.75 C. The hot-prefix rate makes the hot group alone offer 1.2x one worker's
+share of C, within [0.75 C, C]: ``1.2 C / (workers * 0.3)`` = C for 4 workers. With ``--rate R``
+there is no calibration and C = R / 0.75. Figures: `bench.routing_live_figures`. Run it
+under the shared lock::
+
+    flock /tmp/switchyard-bench.lock .venv/bin/python -m bench.routing_live   # ~15 minutes
+    .venv/bin/python -m bench.routing_live --quick --profiles round_robin,prefix_affinity:exact
+    .venv/bin/python -m bench.routing_live --rate 30 --experiments shared-prefix,hot-prefix
+
+The JSON goes to ``--out`` (default ``bench/results/routing-live-TIME.json``); the tables
+(``bench.routing_live_report``) are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import resource
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from bench.procstat import busy_cpu_seconds, cpu_seconds
+from bench.routing_live_drive import Load, drive, make_tenants
+from bench.routing_live_figures import run_figures
+from bench.routing_live_fleet import FleetSpec, routing_fleet
+from bench.routing_live_report import markdown, verdicts
+from bench.routing_live_workloads import (
+    hot_weights,
+    uniform_weights,
+    weighted_prefix,
+    working_set_blocks,
+)
+from bench.run.spec import RequestSpec, TenantSpec
+from bench.run.workloads import WORKLOADS, WorkloadOptions
+
+PROFILES = {"round_robin": FleetSpec("round_robin"), "least_load": FleetSpec("least_load"),
+            "random": FleetSpec("random"),
+            "prefix_affinity:approx": FleetSpec("prefix_affinity", "approx"),
+            "prefix_affinity:exact": FleetSpec("prefix_affinity", "exact")}
+EXPERIMENTS = ("shared-prefix", "multi-turn", "hot-prefix", "kv-pressure")
+MULTI_TURN_PROFILES = ("round_robin", "prefix_affinity:approx", "prefix_affinity:exact")
+HOT_SHARE = 0.3
+HOT_SATURATION = 1.2  # the hot group's rate over one worker's share of the capacity
+KV_FRACTIONS = (0.25, 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything one benchmark run is parameterised by."""
+
+    num_workers: int = 4
+    num_groups: int = 24
+    num_conversations: int = 64
+    send_s: float = 40.0
+    drain_s: float = 20.0
+    calibration_s: float = 20.0
+    calibration_concurrency: int = 16  # per worker
+    seed: int = 1
+    speed_factor: float | None = None
+    workdir: Path = Path("bench/results/routing-live-fleet")
+
+
+def _specs(workload: str, settings: Settings, tenants: Sequence[TenantSpec]
+           ) -> Iterator[RequestSpec]:
+    options = WorkloadOptions(num_groups=settings.num_groups,
+                              num_conversations=settings.num_conversations)
+    if workload == "hot":
+        return weighted_prefix(options, tenants, settings.seed,
+                               hot_weights(settings.num_groups, HOT_SHARE))
+    if workload == "uniform":
+        return weighted_prefix(options, tenants, settings.seed,
+                               uniform_weights(settings.num_groups))
+    return WORKLOADS[workload](options, tenants, settings.seed)
+
+
+def run_one(spec: FleetSpec, workload: str, load: Load, settings: Settings) -> dict[str, Any]:
+    """One fresh fleet, one workload, one load: its figures."""
+    spec = replace(spec, num_workers=settings.num_workers, speed_factor=settings.speed_factor)
+    started, busy_before, own_before = time.monotonic(), busy_cpu_seconds(), _own_cpu_s()
+    slug = re.sub(r"\W+", "-", f"{workload}-{spec.label}-{spec.num_kv_blocks or 'kv'}-"
+                  f"{'closed' if load.concurrency else f'{load.rate_per_s:.1f}'}").strip("-")
+    with routing_fleet(spec, settings.workdir / slug) as fleet:
+        tenants = make_tenants(fleet, settings.num_groups)
+        result = drive(fleet, _specs(workload, settings, tenants), load)
+        names = sorted(fleet.worker_urls)
+        fleet_cpu_s = sum(cpu_seconds(pid) for pid in fleet.pids.values())
+    others_cpu_s = busy_cpu_seconds() - busy_before - fleet_cpu_s - (_own_cpu_s() - own_before)
+    figures = run_figures(result.records, result.messages, result.counters, result.window_s,
+                          names, result.routed, speed_factor=settings.speed_factor or 1.0)
+    elapsed_s = time.monotonic() - started
+    num_done_in_send = sum(r.is_ok and r.sent_at_s + (r.e2e_s or 0.0) <= load.send_s
+                           for r in result.records)
+    print(f"  {spec.label:24} {workload:13} ok {figures['num_ok']:5} "
+          f"ttft p50/p99 {figures['ttft_ms']['p50'] or math.nan:7.0f}/"
+          f"{figures['ttft_ms']['p99'] or math.nan:6.0f} ms  cached "
+          f"{figures['cached_fraction'] or math.nan:.3f}  ({elapsed_s:.0f} s)", file=sys.stderr)
+    return {"label": spec.label, "workload": workload, "rate_per_s": load.rate_per_s,
+            "concurrency": load.concurrency, "send_s": load.send_s,
+            "num_kv_blocks": spec.num_kv_blocks, "num_done_in_send": num_done_in_send,
+            "fleet_cores": fleet_cpu_s / elapsed_s, "others_cores": others_cpu_s / elapsed_s,
+            **figures}
+
+
+def _own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def calibrate(settings: Settings) -> dict[str, Any]:
+    """Round-robin's capacity: closed-loop throughput with every engine kept busy."""
+    concurrency = settings.calibration_concurrency * settings.num_workers
+    load = Load(concurrency=concurrency, send_s=settings.calibration_s,
+                drain_s=settings.drain_s, seed=settings.seed)
+    figures = run_one(PROFILES["round_robin"], "shared-prefix", load, settings)
+    capacity = figures["num_done_in_send"] / settings.calibration_s
+    return {**figures, "capacity_rps": capacity, "rate_75_rps": 0.75 * capacity,
+            "hot_rate_rps": hot_rate(capacity, settings.num_workers)}
+
+
+def hot_rate(capacity_rps: float, num_workers: int) -> float:
+    """The hot-prefix rate: the hot group alone offers `HOT_SATURATION` x one worker's share of
+    the capacity, within [0.75, 1] x the capacity (with under 4 workers a 30% group cannot
+    outgrow one worker below the whole fleet's capacity)."""
+    wanted = HOT_SATURATION * capacity_rps / (num_workers * HOT_SHARE)
+    return min(capacity_rps, max(0.75 * capacity_rps, wanted))
+
+
+def run_all(settings: Settings, profiles: Sequence[str], experiments: Sequence[str],
+            rate_per_s: float | None) -> dict[str, Any]:
+    """Every experiment asked for; the results as one JSON-ready dict."""
+    out: dict[str, Any] = {}
+    if rate_per_s is None:
+        print("calibrating round_robin's capacity ...", file=sys.stderr)
+        out["calibration"] = calibrate(settings)
+        rate_per_s = float(out["calibration"]["rate_75_rps"])
+    capacity = rate_per_s / 0.75
+    hot_rps = hot_rate(capacity, settings.num_workers)
+    load = Load(rate_per_s=rate_per_s, send_s=settings.send_s, drain_s=settings.drain_s,
+                seed=settings.seed)
+    affinity = [p for p in profiles if p.startswith("prefix_affinity")]
+    if "shared-prefix" in experiments:
+        out["shared_prefix"] = {PROFILES[p].label: run_one(PROFILES[p], "shared-prefix", load,
+                                                           settings) for p in profiles}
+    if "multi-turn" in experiments:
+        out["multi_turn"] = {PROFILES[p].label: run_one(PROFILES[p], "multi-turn", load,
+                                                        settings)
+                             for p in profiles if p in MULTI_TURN_PROFILES}
+    if "hot-prefix" in experiments:
+        hot_load = replace(load, rate_per_s=hot_rps)
+        out["hot_prefix"] = {PROFILES[p].label: {
+            "uniform": run_one(PROFILES[p], "uniform", hot_load, settings),
+            "hot": run_one(PROFILES[p], "hot", hot_load, settings)} for p in affinity}
+    if "kv-pressure" in experiments:
+        options = WorkloadOptions(num_groups=settings.num_groups)
+        working_set = working_set_blocks(options, settings.num_groups, settings.seed)
+        kv_profiles = affinity + [p for p in profiles if p == "round_robin"]  # as a reference
+        out["kv_pressure"] = {"working_set_blocks": working_set, "points": {
+            f"{fraction:.0%}": {PROFILES[p].label: run_one(
+                replace(PROFILES[p], num_kv_blocks=max(256, math.ceil(fraction * working_set))),
+                "shared-prefix", load, settings) for p in kv_profiles}
+            for fraction in KV_FRACTIONS}}
+    out["rates"] = {"main_rps": rate_per_s, "hot_rps": hot_rps, "capacity_rps": capacity,
+                    # the hot group's rate over one worker's share of the capacity
+                    "hot_group_per_worker_capacity": HOT_SHARE * hot_rps
+                    / (capacity / settings.num_workers)}
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m bench.routing_live``."""
+    parser = argparse.ArgumentParser(prog="python -m bench.routing_live", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--profiles", default=",".join(PROFILES),
+                        help=f"comma-separated, from {', '.join(PROFILES)}")
+    parser.add_argument("--experiments", default=",".join(EXPERIMENTS),
+                        help=f"comma-separated, from {', '.join(EXPERIMENTS)}")
+    parser.add_argument("--duration", type=float, default=40.0, help="seconds of sending a run")
+    parser.add_argument("--calibration-s", type=float, default=20.0)
+    parser.add_argument("--calibration-concurrency", type=int, default=16, help="per worker")
+    parser.add_argument("--rate", type=float, help="req/s: skip the calibration, use this")
+    parser.add_argument("--speed-factor", type=float, help="the sim's GPU speed (default 1)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 2 workers, 6 groups, 2 s per run")
+    parser.add_argument("--out", type=Path, help="JSON path (default bench/results/...)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, write its JSON and print its tables."""
+    args = build_parser().parse_args(argv)
+    profiles = [p for p in args.profiles.split(",") if p]
+    experiments = [e for e in args.experiments.split(",") if e]
+    unknown = [p for p in profiles if p not in PROFILES] + \
+        [e for e in experiments if e not in EXPERIMENTS]
+    if unknown or not profiles:
+        print(f"unknown profile or experiment: {', '.join(unknown) or '(none given)'}",
+              file=sys.stderr)
+        return 2
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_path: Path = args.out or Path("bench/results") / f"routing-live-{stamp}.json"
+    settings = Settings(num_workers=args.workers, send_s=args.duration,
+                        calibration_s=args.calibration_s,
+                        calibration_concurrency=args.calibration_concurrency, seed=args.seed,
+                        speed_factor=args.speed_factor,
+                        workdir=out_path.with_suffix("").with_name(out_path.stem + "-fleet"))
+    if args.quick:
+        settings = replace(settings, num_workers=2, num_groups=6, num_conversations=8,
+                           send_s=2.0, drain_s=5.0, calibration_s=2.0)
+    started = time.monotonic()
+    busy_before = busy_cpu_seconds()
+    results = run_all(settings, profiles, experiments, args.rate)
+    elapsed_s = time.monotonic() - started
+    results["config"] = {
+        "command": " ".join(["python -m bench.routing_live", *(argv or sys.argv[1:])]),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "profiles": profiles,
+        "experiments": experiments, "elapsed_s": elapsed_s,
+        "machine_busy_cores": (busy_cpu_seconds() - busy_before) / elapsed_s,
+        "settings": {k: str(v) for k, v in vars(args).items()},
+        "num_workers": settings.num_workers, "num_groups": settings.num_groups,
+        "num_conversations": settings.num_conversations, "send_s": settings.send_s,
+    }
+    results["targets"] = verdicts(results)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(results, indent=1, default=str))
+    print(markdown(results))
+    print(f"results in {out_path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

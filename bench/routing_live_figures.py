@@ -1,0 +1,152 @@
+"""The figures of one routing run, from its records and the workers' counters: pure functions.
+
+- **cached fraction**: cached / prompt tokens, both from each response's ``usage``;
+- **ideal cached fraction**: what a perfect router with unlimited cache would get: each
+  request's longest prefix seen in any earlier request (in sending order) is cached, in full
+  16-token blocks and never the prompt's last token (the engine's rule), with the prompts
+  tokenized as the simulated engine tokenizes them;
+- **expected cached fraction**: what the router expected its picks to hold (the gateway's
+  ``switchyard_routing_*`` counters; its prompt-token count is the gateway's estimate);
+- **TTFT** p50/p90/p99, throughput, errors (``bench.run.summary``);
+- **load spread**: max / mean requests per worker (from ``x-switchyard-backend``), and where
+  the most requested prefix group's requests went;
+- **busy time** per worker: the engine time its steps took, rebuilt from its counters with the
+  sim's latency model (``backends.sim.profile``): ``(a * steps + b * prefilled tokens + c *
+  decoded tokens + d * KV tokens attended) / speed``, where prefilled = prefix-cache queries -
+  hits, and the KV attended is estimated per request (``prompt`` for its prefill, ``prompt + i``
+  for its ``i``-th decode step). Busy fraction = busy time / the run's window. A batching
+  engine with any request running is busy, so under load every worker's busy fraction nears 1;
+  the **work** (busy time without the fixed per-step cost ``a``: what the requests' tokens
+  cost) and the **requests in flight** (Little's law: the sum of its requests' end-to-end
+  times / the window) show how the load is split.
+
+Example::
+
+    figures = run_figures(result.records, result.messages, result.counters, result.window_s,
+                          worker_names=["sim-19001", "sim-19002"])
+    figures["share_of_ideal"], figures["ttft_ms"]["p99"], figures["busy_max_mean"]
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from backends.sim.profile import LatencyModel
+from backends.tokenizer import Tokenizer, get_tokenizer
+from bench.run.spec import Message, Record
+from bench.run.summary import group_stats
+from bench.run.workers import max_over_mean
+from routing.prefix import token_block_hashes
+
+BLOCK_SIZE = 16
+_MODEL = "ideal"  # any fixed chain seed: the ideal only compares prompts with each other
+
+
+def ideal_cached_tokens(prompts: Sequence[Sequence[int]], block_size: int = BLOCK_SIZE
+                        ) -> list[int]:
+    """For each prompt (token ids, in sending order): tokens an unlimited shared cache would
+    hold, i.e. its leading full blocks that an earlier prompt also had."""
+    seen: set[int] = set()
+    cached: list[int] = []
+    for ids in prompts:
+        hashes = token_block_hashes(ids, block_size, _MODEL)
+        limit = min(len(hashes), max(0, (len(ids) - 1) // block_size))
+        num_hit = 0
+        while num_hit < limit and hashes[num_hit] in seen:
+            num_hit += 1
+        cached.append(num_hit * block_size)
+        seen.update(hashes)
+    return cached
+
+
+def ideal_fraction(records: Sequence[Record], messages: Mapping[int, Sequence[Message]],
+                   tokenizer: Tokenizer | None = None) -> float | None:
+    """The ideal cached-token fraction over the successful requests with usage."""
+    tokenizer = tokenizer or get_tokenizer("approx")
+    ok = sorted((r for r in records if r.is_ok and r.num_prompt_tokens and r.index in messages),
+                key=lambda r: r.sent_at_s)
+    prompts = [tokenizer.encode_chat(messages[r.index]) for r in ok]
+    cached = ideal_cached_tokens(prompts)
+    num_prompt = sum(r.num_prompt_tokens or 0 for r in ok)
+    return sum(cached) / num_prompt if num_prompt else None
+
+
+def kv_tokens_attended(records: Sequence[Record]) -> float:
+    """Estimated KV tokens the requests' steps attended: prefill, then each decode step."""
+    total = 0.0
+    for record in records:
+        prompt, output = record.num_prompt_tokens or 0, record.num_completion_tokens or 0
+        total += prompt + max(0, output - 1) * prompt + output * max(0, output - 1) / 2
+    return total
+
+
+def engine_time_s(counters: Mapping[str, float], kv_tokens: float, latency: LatencyModel,
+                  speed_factor: float = 1.0) -> tuple[float, float]:
+    """One worker's busy time (engine seconds in steps) and the requests' work in it (the same
+    without the fixed per-step cost ``a``), from its counter deltas (module docstring)."""
+    prefilled = max(0.0, counters["cache_query_tokens"] - counters["cache_hit_tokens"])
+    work_s = (latency.b_s_per_token * prefilled
+              + latency.c_s_per_seq * counters["generation_tokens"]
+              + latency.d_s_per_kv_token * kv_tokens) / speed_factor
+    return latency.a_s * counters["num_steps"] / speed_factor + work_s, work_s
+
+
+def top_group(records: Sequence[Record], worker_names: Sequence[str]) -> dict[str, Any] | None:
+    """The most requested prefix group: its share of the requests, and where they went."""
+    ok = [r for r in records if r.is_ok and r.group is not None]
+    if not ok:
+        return None
+    counts = Counter(r.group for r in ok)
+    group, num = counts.most_common(1)[0]
+    placed = Counter(r.worker for r in ok if r.group == group)
+    return {"group": group, "share": num / len(ok),
+            "requests_per_worker": {name: placed.get(name, 0) for name in worker_names}}
+
+
+def run_figures(records: Sequence[Record], messages: Mapping[int, Sequence[Message]],
+                counters: Mapping[str, Mapping[str, float]], window_s: float,
+                worker_names: Sequence[str], routed: Mapping[str, float] | None = None,
+                speed_factor: float = 1.0) -> dict[str, Any]:
+    """Every figure of one run (see the module docstring)."""
+    stats = group_stats(records, {}, window_s)
+    ideal = ideal_fraction(records, messages)
+    cached = stats["cached_fraction"]
+    ok = [r for r in records if r.is_ok]
+    per_worker = {name: [r for r in ok if r.worker == name] for name in worker_names}
+    num_unknown = sum(r.worker not in per_worker for r in ok)
+    latency = LatencyModel()
+    times = {name: engine_time_s(counters[name], kv_tokens_attended(per_worker[name]), latency,
+                                 speed_factor) for name in worker_names if name in counters}
+    busy = {name: t[0] for name, t in times.items()}
+    work = {name: t[1] for name, t in times.items()}
+    # Little's law: a worker's mean number of requests in flight over the run.
+    in_flight = {name: sum(r.e2e_s or 0.0 for r in rs) / window_s if window_s else 0.0
+                 for name, rs in per_worker.items()}
+    num_requests = {name: len(rs) for name, rs in per_worker.items()}
+    return {
+        "num_requests": stats["num_requests"], "num_ok": stats["num_ok"],
+        "num_errors": stats["num_errors"], "errors_by_status": stats["errors_by_status"],
+        "ttft_ms": stats["ttft_ms"], "e2e_ms": stats["e2e_ms"], "tpot_ms": stats["tpot_ms"],
+        "throughput_rps": stats["throughput_rps"],
+        "output_tokens_per_s": stats["output_tokens_per_s"],
+        "cached_fraction": cached, "ideal_cached_fraction": ideal,
+        "share_of_ideal": cached / ideal if cached is not None and ideal else None,
+        "expected_cached_fraction": (routed["expected_cached_tokens"] / routed["prompt_tokens"]
+                                     if routed and routed.get("prompt_tokens") else None),
+        "top_group": top_group(records, worker_names),
+        "requests_per_worker": num_requests, "num_requests_unknown_worker": num_unknown,
+        "max_mean_requests": max_over_mean(list(num_requests.values())),
+        "busy_s_per_worker": busy,
+        "busy_fraction_per_worker": {n: s / window_s for n, s in busy.items()} if window_s else {},
+        "busy_max_mean": max_over_mean(list(busy.values())),
+        "busy_s_per_request": sum(busy.values()) / len(ok) if ok else None,
+        "work_s_per_worker": work, "work_max_mean": max_over_mean(list(work.values())),
+        "in_flight_per_worker": in_flight,
+        "in_flight_max_mean": max_over_mean(list(in_flight.values())),
+        "num_steps_per_worker": {n: c["num_steps"] for n, c in counters.items()},
+        "num_preemptions": sum(c["preemptions"] for c in counters.values()),
+        "engine_lateness_s": sum(c["lateness_s"] for c in counters.values()),
+        "window_s": window_s,
+    }

@@ -1,0 +1,133 @@
+"""Targets and tables of ``bench.routing_live``'s results: pure functions of the results dict.
+
+Targets (issue 4): prefix_affinity's TTFT p50 <= 0.2x and p99 <= 0.25x round_robin's on the
+shared-prefix workload; its cached-token fraction >= 90% of the ideal; under a hot prefix its
+TTFT p90 <= 1.5x the uniform workload's at the same rate and the busiest worker <= 1.3x the
+mean (busy time; the requests' work is judged too, as busy time saturates). Example::
+
+    results["targets"] = verdicts(results)
+    print(markdown(results))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+Figures = Mapping[str, Any]
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def _verdict(target: str, label: str, value: float | None, limit: float,
+             at_least: bool = False) -> dict[str, Any]:
+    is_met = value is not None and (value >= limit if at_least else value <= limit)
+    return {"target": target, "label": label, "value": value, "limit": limit, "is_met": is_met}
+
+
+def verdicts(results: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each target against each prefix_affinity variant that was run."""
+    found: list[dict[str, Any]] = []
+    shared = results.get("shared_prefix", {})
+    base = shared.get("round_robin")
+    for label, figures in shared.items():
+        if not label.startswith("prefix_affinity"):
+            continue
+        if base is not None:
+            for quantile, limit in (("p50", 0.2), ("p99", 0.25)):
+                found.append(_verdict(f"TTFT {quantile} / round_robin's", label, _ratio(
+                    figures["ttft_ms"][quantile], base["ttft_ms"][quantile]), limit))
+        found.append(_verdict("cached fraction / ideal", label, figures["share_of_ideal"], 0.9,
+                              at_least=True))
+    for label, pair in results.get("hot_prefix", {}).items():
+        hot, uniform = pair["hot"], pair["uniform"]
+        found.append(_verdict("hot TTFT p90 / uniform's", label,
+                              _ratio(hot["ttft_ms"]["p90"], uniform["ttft_ms"]["p90"]), 1.5))
+        found.append(_verdict("hot: busiest / mean busy time", label, hot["busy_max_mean"], 1.3))
+        found.append(_verdict("hot: busiest / mean request work", label, hot["work_max_mean"],
+                              1.3))
+    return found
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _row(label: str, f: Figures) -> str:
+    ttft = f["ttft_ms"]
+    return (f"| {label} | {_num(ttft['p50'])} / {_num(ttft['p90'])} / {_num(ttft['p99'])} "
+            f"| {_num(f['throughput_rps'], 1)} | {_num(f['cached_fraction'], 3)} "
+            f"| {_num(f['ideal_cached_fraction'], 3)} | {_num(f['share_of_ideal'], 2)} "
+            f"| {_num(f['expected_cached_fraction'], 3)} "
+            f"| {_num(f['max_mean_requests'], 2)} | {_num(f['busy_max_mean'], 2)} "
+            f"| {_num(f['work_max_mean'], 2)} | {f['num_errors']} |")
+
+
+_HEADER = ("| profile | TTFT p50 / p90 / p99 (ms) | req/s | cached | ideal | share of ideal "
+           "| router expected | max/mean requests | max/mean busy | max/mean work | errors |\n"
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+
+
+def _top_group(f: Figures) -> str:
+    top = f.get("top_group")
+    if not top:
+        return "-"
+    placed = " / ".join(str(n) for n in top["requests_per_worker"].values())
+    return f"{top['share']:.0%}: {placed}"
+
+
+def _runs_table(title: str, runs: Mapping[str, Figures]) -> list[str]:
+    return [f"**{title}**", "", _HEADER, *(_row(label, f) for label, f in runs.items()), ""]
+
+
+def markdown(results: Mapping[str, Any]) -> str:
+    """The results as markdown tables, targets last."""
+    lines: list[str] = []
+    rates = results.get("rates", {})
+    if "calibration" in results:
+        c = results["calibration"]
+        lines += [f"Calibration (round_robin, closed loop, {c['concurrency']} in flight): "
+                  f"{c['capacity_rps']:.1f} req/s, busy fraction per worker "
+                  + ", ".join(f"{v:.2f}" for v in c["busy_fraction_per_worker"].values())
+                  + f"; main rate {rates['main_rps']:.1f} req/s, hot-prefix rate "
+                  f"{rates['hot_rps']:.1f} req/s.", ""]
+    if "shared_prefix" in results:
+        lines += _runs_table(f"Shared prefix at {rates['main_rps']:.1f} req/s",
+                             results["shared_prefix"])
+    if "multi_turn" in results:
+        lines += _runs_table(f"Multi-turn at {rates['main_rps']:.1f} req/s",
+                             results["multi_turn"])
+    if "hot_prefix" in results:
+        lines += [f"**Hot prefix: one group 30% of {rates['hot_rps']:.1f} req/s, against "
+                  "uniform groups at the same rate**", "",
+                  "| profile | workload | TTFT p50 / p90 / p99 (ms) | max/mean busy "
+                  "| max/mean work | max/mean in flight | max/mean requests "
+                  "| top group: share, requests per worker | errors |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+        for label, pair in results["hot_prefix"].items():
+            for workload in ("uniform", "hot"):
+                f = pair[workload]
+                ttft = f["ttft_ms"]
+                lines.append(
+                    f"| {label} | {workload} | {_num(ttft['p50'])} / {_num(ttft['p90'])} / "
+                    f"{_num(ttft['p99'])} | {_num(f['busy_max_mean'], 2)} "
+                    f"| {_num(f['work_max_mean'], 2)} | {_num(f['in_flight_max_mean'], 2)} "
+                    f"| {_num(f['max_mean_requests'], 2)} | {_top_group(f)} "
+                    f"| {f['num_errors']} |")
+        lines.append("")
+    if "kv_pressure" in results:
+        kv = results["kv_pressure"]
+        for point, runs in kv["points"].items():
+            blocks = next(iter(runs.values()))["num_kv_blocks"] if runs else "-"
+            lines += _runs_table(f"KV pressure: worker KV = {point} of the "
+                                 f"{kv['working_set_blocks']}-block working set ({blocks} "
+                                 f"blocks), {rates['main_rps']:.1f} req/s", runs)
+    lines += ["| target | profile | value | limit | met |", "| --- | --- | ---: | ---: | --- |"]
+    for v in results.get("targets", []):
+        lines.append(f"| {v['target']} | {v['label']} | {_num(v['value'], 2)} | {v['limit']} "
+                     f"| {'**yes**' if v['is_met'] else 'no'} |")
+    return "\n".join(lines)

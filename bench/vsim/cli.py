@@ -1,0 +1,137 @@
+"""``python -m bench.vsim``: one workload, several routing profiles, one markdown table.
+
+Example::
+
+    python -m bench.vsim --workers 8 --requests 20000 --workload shared-prefix \\
+        --profiles round_robin,prefix_affinity --load 0.75 --seed 1 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from backends.sim.profile import WorkerProfile
+from bench.run.workloads.base import TokenRange, WorkloadOptions
+from bench.vsim.metrics import RunResult
+from bench.vsim.sim import MODEL, PROFILES, SimConfig, simulate
+from bench.vsim.sizing import capacity_per_worker, kv_blocks_for
+from bench.vsim.workloads import WORKLOAD_NAMES, Workload, build_workload
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.vsim",
+        description="Route a workload through a simulated fleet in virtual time, per profile.")
+    add = parser.add_argument
+    add("--workers", type=int, default=8)
+    add("--requests", type=int, default=20_000)
+    add("--workload", choices=WORKLOAD_NAMES, default="shared-prefix")
+    add("--profiles", default=",".join(PROFILES), help="comma-separated; " + ", ".join(PROFILES))
+    add("--load", type=float, default=0.75,
+        help="fraction of round-robin capacity (measured by simulation; see bench/vsim/sizing.py)")
+    add("--rate", type=float, default=None, help="arrivals per second (overrides --load)")
+    add("--seed", type=int, default=1)
+    add("--json", type=Path, default=None, help="write the config and every result here")
+    add("--groups", type=int, default=None, help="shared prefixes (default 6 per worker, >= 24)")
+    add("--conversations", type=int, default=None,
+        help="multi-turn conversations in progress (default 32 per worker)")
+    add("--hot-share", type=float, default=0.3, help="hot-prefix: the hot group's traffic")
+    add("--zipf-s", type=float, default=1.1, help="group popularity exponent (0: uniform)")
+    add("--system-tokens", type=TokenRange.parse, default=TokenRange(1500, 3000))
+    add("--question-tokens", type=TokenRange.parse, default=TokenRange(50, 200))
+    add("--max-tokens", type=TokenRange.parse, default=TokenRange(64, 256))
+    add("--turns", type=TokenRange.parse, default=TokenRange(2, 6))
+    add("--kv-fraction", type=float, default=None,
+        help="KV per worker as a fraction of the working set (default: 24,576 blocks, an H100)")
+    add("--heartbeat-s", type=float, default=1.0, help="load figures refresh interval")
+    add("--kv-delay-ms", type=float, default=50.0, help="KV event delivery delay")
+    add("--max-age-s", type=float, default=5.0, help="load older than this is stale")
+    add("--silent-workers", type=int, default=0, help="workers whose heartbeats stop at t=0")
+    add("--warmup", type=float, default=0.1,
+        help="fraction of requests (the first) simulated but left out of the figures")
+    args = parser.parse_args(argv)
+    unknown = [p for p in args.profiles.split(",") if p not in PROFILES]
+    if unknown:
+        parser.error(f"unknown profile(s) {', '.join(unknown)}; use {', '.join(PROFILES)}")
+    return args
+
+
+def workload_factory(args: argparse.Namespace) -> Callable[[], Workload]:
+    options = WorkloadOptions(system_tokens=args.system_tokens,
+                              question_tokens=args.question_tokens, max_tokens=args.max_tokens,
+                              zipf_s=args.zipf_s, turns=args.turns)
+    num_groups = args.groups or max(24, 6 * args.workers)
+    num_conversations = args.conversations or 32 * args.workers
+    return lambda: build_workload(args.workload, options, num_groups=num_groups,
+                                  num_conversations=num_conversations,
+                                  hot_share=args.hot_share, seed=args.seed)
+
+
+def format_table(results: Sequence[RunResult]) -> str:
+    def ms(value: float) -> str:
+        return "-" if math.isnan(value) else f"{value * 1000:,.0f}"
+
+    lines = ["| profile | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 (ms) | e2e p50 / p99 (s) "
+             "| req/s | cached | ideal | share of ideal | spread req / busy / in flight | preempt "
+             "| sim req/s |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
+    for r in results:
+        lines.append(
+            f"| {r.profile} | {ms(r.ttft_p50_s)} / {ms(r.ttft_p90_s)} / {ms(r.ttft_p99_s)} "
+            f"| {ms(r.tpot_p50_s)} / {ms(r.tpot_p90_s)} | {r.e2e_p50_s:.2f} / {r.e2e_p99_s:.2f} "
+            f"| {r.throughput_rps:,.1f} | {r.cached_fraction:.3f} | {r.ideal_cached_fraction:.3f} "
+            f"| {r.share_of_ideal:.2f} | {r.requests_spread:.2f} / {r.busy_spread:.2f} / "
+            f"{r.in_flight_spread:.2f} "
+            f"| {r.num_preemptions} | {r.requests_per_wall_s:,.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    make_workload = workload_factory(args)
+    probe = make_workload()
+    worker = WorkerProfile(model=MODEL)
+    if args.kv_fraction is not None:
+        worker = replace(worker, num_kv_blocks=kv_blocks_for(args.kv_fraction, probe, worker))
+    config = SimConfig(num_workers=args.workers, num_requests=args.requests, seed=args.seed,
+                       worker=worker, heartbeat_s=args.heartbeat_s,
+                       kv_event_delay_s=args.kv_delay_ms / 1000, max_age_s=args.max_age_s,
+                       num_silent_workers=args.silent_workers, warmup_fraction=args.warmup)
+    capacity = math.nan
+    rate = args.rate
+    if rate is None:
+        started_s = time.perf_counter()
+        capacity = capacity_per_worker(config, make_workload)
+        rate = args.load * args.workers * capacity
+        print(f"capacity with round-robin: {capacity:.2f} req/s per worker (measured in "
+              f"{time.perf_counter() - started_s:.1f} s); rate = {args.load:g} x "
+              f"{args.workers} x {capacity:.2f} = {rate:.1f} req/s", file=sys.stderr)
+    print(f"{args.workload}: {args.workers} workers, {args.requests:,} requests at "
+          f"{rate:,.1f} req/s, working set {probe.working_set_tokens:,} tokens, KV "
+          f"{worker.kv_capacity_tokens:,} tokens per worker "
+          f"({worker.kv_capacity_tokens / probe.working_set_tokens:.0%} of the working set)\n")
+    results = []
+    for profile in args.profiles.split(","):
+        result = simulate(replace(config, profile=profile, rate_per_s=rate), make_workload())
+        print(f"{profile}: {result.wall_s:.1f} s wall, {result.requests_per_wall_s:,.0f} "
+              "requests per wall-second", file=sys.stderr)
+        results.append(result)
+    print(format_table(results))
+    if args.json is not None:
+        document: dict[str, Any] = {
+            "argv": list(argv if argv is not None else sys.argv[1:]),
+            "rate_per_s": rate, "capacity_per_worker_rps": capacity,
+            "working_set_tokens": probe.working_set_tokens,
+            "kv_tokens_per_worker": worker.kv_capacity_tokens,
+            "results": [r.to_dict() for r in results]}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(document, indent=2, allow_nan=True) + "\n")
+    return 0

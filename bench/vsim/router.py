@@ -1,0 +1,164 @@
+"""The gateway's routing side in virtual time: ``gateway/router.py``'s Router, clock passed in.
+
+Per request it does what the live gateway does: describe the request (token-block chain for the
+exact index, character-block chain for the approximate one), match it against the index in use,
+snapshot the fleet from each backend's ``Backend.state()`` (the gateway's own record type:
+heartbeat load figures with their age, plus this gateway's exact, current in-flight counts),
+call ``routing.schedule`` and keep the same in-flight books (``started`` / ``first_token`` /
+``finished``); the approximate index learns where each prompt went.
+
+Index modes: ``none`` (the profile reads no prefix; nothing is hashed), ``exact`` (as the
+gateway with a tokenizer and KV events: the exact index, falling back to the approximate one
+when no backend holds the first block) and ``approx`` (no KV events: the approximate index only).
+
+Two shortcuts keep a decision cheap for large fleets, neither changing a decision:
+
+- **Character chain.** The gateway hashes 64-character blocks of the prompt text; there is no
+  text here. Each token block's chain hash, XORed with a constant, stands in for one character
+  block (64 characters ~ 16 tokens, the gateway's ``block_chars // 4`` estimate), so the
+  approximate index is as fine-grained as the exact one: what differs is only where its
+  knowledge comes from (its own routing history with a TTL, blind to evictions).
+- **Cached states.** A backend's ``BackendState`` is rebuilt only when its figures change
+  (``mark_changed``: a heartbeat, a dispatch, a first token, a finish, or its load turning
+  stale). Its ``age_s`` is then as of that rebuild, not of the decision; routing reads
+  ``age_s`` only to tell stale from fresh, and the simulation rebuilds a backend at the moment
+  its figures go stale, so every fresh/stale verdict is the one an exact age would give.
+
+Example::
+
+    router = VirtualRouter(backends, "prefix_affinity", "exact", model="m")
+    plan = router.describe(request)
+    index = router.rank(plan, now_s=1.5)
+    router.started(index, plan, now_s=1.5)
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from typing import cast
+
+from backends.registry import Backend
+from backends.sim.block_manager import KvEvent
+from bench.vsim.workloads import VRequest
+from gateway.router import RoutePlan
+from routing.index_approx import ApproxPrefixIndex
+from routing.index_exact import EventKind, ExactPrefixIndex
+from routing.prefix import token_block_hashes
+from routing.profiles import profile_by_name
+from routing.scheduler import schedule
+from routing.types import BackendState, FleetSnapshot, PrefixMatch, RouteRequest
+
+INDEX_MODES = ("none", "exact", "approx")
+CHAR_HASH_SALT = 0x5A5A_C3C3_A5A5_3C3C
+_NO_MATCH = PrefixMatch()
+
+
+class VirtualRouter:
+    """Routing decisions and in-flight books for a simulated fleet; see the module docstring."""
+
+    def __init__(self, backends: Sequence[Backend], profile: str, index_mode: str, *,
+                 model: str, block_size: int = 16, max_age_s: float = 5.0,
+                 approx_ttl_s: float = 600.0, seed: int = 0) -> None:
+        if index_mode not in INDEX_MODES:
+            raise ValueError(f"unknown index mode {index_mode!r}; use {', '.join(INDEX_MODES)}")
+        self.backends = list(backends)
+        self.profile = profile_by_name(profile)
+        self.index_mode = index_mode
+        self.model = model
+        self.block_size = block_size
+        self.max_age_s = max_age_s
+        self.exact_index = ExactPrefixIndex(block_size) if index_mode == "exact" else None
+        self.approx_index = (ApproxPrefixIndex(approx_ttl_s, block_tokens=block_size)
+                             if index_mode != "none" else None)
+        self._rng = random.Random(f"{seed}:vsim-router")
+        self._states: list[BackendState] = [b.state(0.0) for b in self.backends]
+        self._changed: set[int] = set()
+        self._by_name = {b.name: i for i, b in enumerate(self.backends)}
+        self._prefix_hashes: dict[int, list[int]] = {}  # prefix group -> its full blocks' chain
+
+    # -- the request ----------------------------------------------------------------------
+    def describe(self, request: VRequest) -> RoutePlan:
+        block_hashes: tuple[int, ...] = ()
+        char_hashes: tuple[int, ...] = ()
+        if self.index_mode != "none":
+            block_hashes = tuple(self.block_hashes(request))
+            char_hashes = tuple(h ^ CHAR_HASH_SALT for h in block_hashes)
+            if self.index_mode == "approx":
+                block_hashes = ()
+        num_prompt_tokens = len(request.prompt_ids)
+        route_request = RouteRequest(
+            model=self.model, num_prompt_tokens=num_prompt_tokens, block_hashes=block_hashes,
+            char_hashes=char_hashes, tenant_id=str(request.group), max_tokens=request.max_tokens)
+        return RoutePlan(route_request, num_prompt_tokens + request.max_tokens)
+
+    def block_hashes(self, request: VRequest) -> list[int]:
+        """``token_block_hashes`` of the prompt; a group's shared prefix is hashed once."""
+        ids, block_size, model = request.prompt_ids, self.block_size, self.model
+        if request.prefix_group is None or request.num_prefix_tokens < block_size:
+            return token_block_hashes(ids, block_size, model)
+        num_head_tokens = request.num_prefix_tokens // block_size * block_size
+        head = self._prefix_hashes.get(request.prefix_group)
+        if head is None:
+            head = token_block_hashes(ids[:num_head_tokens], block_size, model)
+            self._prefix_hashes[request.prefix_group] = head
+        return head + token_block_hashes(ids[num_head_tokens:], block_size, model,
+                                         parent=head[-1])
+
+    # -- the decision ---------------------------------------------------------------------
+    def mark_changed(self, index: int) -> None:
+        """Backend ``index``'s figures changed: rebuild its state before the next decision."""
+        self._changed.add(index)
+
+    def rank(self, plan: RoutePlan, now_s: float) -> int | None:
+        """The index of the backend to send ``plan`` to, or None when none can take it."""
+        states = self._states
+        if self._changed:
+            backends = self.backends
+            for i in self._changed:
+                states[i] = backends[i].state(now_s)
+            self._changed.clear()
+        snapshot = FleetSnapshot(now_s=now_s, backends=tuple(states),
+                                 prefix=self._match(plan.request, now_s), max_age_s=self.max_age_s)
+        ranked = schedule(plan.request, snapshot, self.profile, now_s, self._rng, max_ranked=1)
+        return self._by_name[ranked[0].backend] if ranked else None
+
+    def _match(self, request: RouteRequest, now_s: float) -> PrefixMatch:
+        if request.block_hashes and self.exact_index is not None:
+            exact = self.exact_index.match(request.block_hashes)
+            if exact.num_blocks:
+                return exact
+        if request.char_hashes and self.approx_index is not None:
+            return self.approx_index.match(request.char_hashes, now_s)
+        return _NO_MATCH
+
+    # -- bookkeeping ----------------------------------------------------------------------
+    def started(self, index: int, plan: RoutePlan, now_s: float) -> None:
+        backend = self.backends[index]
+        backend.num_in_flight += 1
+        backend.num_in_flight_tokens += plan.reserved_tokens
+        backend.num_in_flight_prompt_tokens += plan.request.num_prompt_tokens
+        self._changed.add(index)
+        if plan.request.char_hashes and self.approx_index is not None:
+            self.approx_index.record(plan.request.char_hashes, backend.name, now_s)
+
+    def first_token(self, index: int, plan: RoutePlan) -> None:
+        self.backends[index].num_in_flight_prompt_tokens -= plan.request.num_prompt_tokens
+        self._changed.add(index)
+
+    def finished(self, index: int, plan: RoutePlan, *, had_first_token: bool) -> None:
+        backend = self.backends[index]
+        backend.num_in_flight -= 1
+        backend.num_in_flight_tokens -= plan.reserved_tokens
+        if not had_first_token:
+            backend.num_in_flight_prompt_tokens -= plan.request.num_prompt_tokens
+        self._changed.add(index)
+
+    def apply_kv_events(self, index: int, events: Iterable[KvEvent]) -> None:
+        """A worker's KV events, as the gateway's fleet sync applies them from Redis."""
+        if self.exact_index is None:
+            return
+        name = self.backends[index].name
+        apply = self.exact_index.apply
+        for event in events:
+            apply(name, cast(EventKind, event.kind), event.block_hashes)
