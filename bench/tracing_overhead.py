@@ -6,9 +6,10 @@ sampled; and 1% sampled (``parentbased_traceidratio``). The traced gateways expo
 sink in this process that discards what it gets; the spans each gateway exported, dropped or
 failed to send are read from its ``/metrics`` (a lost span would flatter the figure). Each run
 drives the same load (`bench.overhead`'s phases, through its load generator process) at the
-three gateways in a rotating order; medians over runs are reported::
+three gateways at once, for 6 s a phase, so that other work on the machine weighs on the three
+alike; medians over runs are reported::
 
-    python -m bench.tracing_overhead             # 9 runs; about 4 minutes
+    python -m bench.tracing_overhead             # 7 runs; about 3 minutes
     python -m bench.tracing_overhead --quick     # a smoke run (about 40 s)
 
 Results go to ``bench/results/tracing-overhead-<timestamp>.json``; the target (at most 15%
@@ -26,6 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -49,9 +51,7 @@ VARIANTS: dict[str, dict[str, str]] = {
                   "OTEL_TRACES_SAMPLER_ARG": "0.01"},
 }
 MEASURED_PHASES = ("nonstream", "stream")
-# Many short runs, each variant right after the others: other work on a shared machine comes
-# and goes over seconds, and the median of per-run ratios sees the three under like conditions.
-FULL = dataclasses.replace(Plan(), runs=9, num_requests=2500, num_streams=250, num_warmup=200)
+FULL = dataclasses.replace(Plan(), runs=7)
 
 
 class OtlpSink:
@@ -118,28 +118,46 @@ def traced_fleets(workdir: Path, sink: OtlpSink) -> Iterator[dict[str, BenchFlee
         yield fleets
 
 
-def measure_run(fleets: dict[str, BenchFleet], plan: Plan, run_index: int) -> dict[str, float]:
+def _for_duration(args: tuple[str, ...], duration_s: float) -> tuple[str, ...]:
+    """A phase's load-generator arguments, run for ``duration_s`` instead of a request count."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ("--requests", "--duration"):
+            skip = True
+        else:
+            out.append(arg)
+    return (*out, "--duration", str(duration_s))
+
+
+def _measure(fleet: BenchFleet, args: tuple[str, ...], num_warmup: int) -> dict[str, float]:
+    before = span_counts(fleet)
+    result = run_loadgen(fleet, fleet.gateway_url + CHAT_PATH, {"proxy": fleet.gateway_pid},
+                         *args)
+    measured = result_figures(result)
+    time.sleep(0.3)  # the last batch of spans goes out
+    after = span_counts(fleet)
+    return {"cpu_us_per_request": measured["proxy_cpu_us_per_request"],
+            "p50_ms": measured["p50_ms"], "requests_per_s": measured["requests_per_s"],
+            "spans_per_request": (after["exported"] - before["exported"]) / (
+                result["num_ok"] + num_warmup),
+            "spans_lost": sum(after[k] - before[k] for k in ("dropped", "failed"))}
+
+
+def measure_run(fleets: dict[str, BenchFleet], plan: Plan, duration_s: float) -> dict[str, float]:
+    """Each phase's load at the three gateways at once, so that the work of others on the
+    machine, which comes and goes, weighs on the three alike."""
     figures: dict[str, float] = {}
-    order = list(fleets)
-    order = order[run_index % len(order):] + order[:run_index % len(order)]
     for phase in (p for p in phases(plan) if p.name in MEASURED_PHASES):
-        for variant in order:
-            fleet = fleets[variant]
-            before = span_counts(fleet)
-            result = run_loadgen(fleet, fleet.gateway_url + CHAT_PATH,
-                                 {"proxy": fleet.gateway_pid}, *phase.args)
-            measured = result_figures(result)
-            prefix = f"{phase.name}.{variant}"
-            figures[f"{prefix}.cpu_us_per_request"] = measured["proxy_cpu_us_per_request"]
-            figures[f"{prefix}.p50_ms"] = measured["p50_ms"]
-            figures[f"{prefix}.others_cores_busy"] = measured["others_cores_busy"]
-            time.sleep(0.3)  # the last batch of spans goes out
-            after = span_counts(fleet)
-            num_requests = result["num_ok"] + phase.num_warmup
-            figures[f"{prefix}.spans_per_request"] = (
-                after["exported"] - before["exported"]) / num_requests
-            figures[f"{prefix}.spans_lost"] = sum(after[k] - before[k]
-                                                  for k in ("dropped", "failed"))
+        args = _for_duration(phase.args, duration_s)
+        with ThreadPoolExecutor(len(fleets)) as pool:
+            futures = {variant: pool.submit(_measure, fleet, args, phase.num_warmup)
+                       for variant, fleet in fleets.items()}
+            for variant, future in futures.items():
+                for key, value in future.result().items():
+                    figures[f"{phase.name}.{variant}.{key}"] = value
         off = figures[f"{phase.name}.off.cpu_us_per_request"]
         for variant in ("sampled_100", "sampled_1"):
             figures[f"{phase.name}.{variant}.added_frac"] = (
@@ -174,6 +192,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     plan = QUICK if args.quick else FULL
+    duration_s = 1.5 if args.quick else 6.0
     if args.runs is not None:
         plan = dataclasses.replace(plan, runs=max(1, args.runs))
     started = time.time()
@@ -183,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="sy-trace-bench-") as tmp, \
                 traced_fleets(Path(tmp), sink) as fleets:
             for index in range(plan.runs):
-                runs.append(measure_run(fleets, plan, index))
+                runs.append(measure_run(fleets, plan, duration_s))
                 print(f"run {index + 1}/{plan.runs} done ({time.time() - started:.0f} s)",
                       file=sys.stderr, flush=True)
     finally:
@@ -197,10 +216,6 @@ def main(argv: list[str] | None = None) -> int:
     lost = sum(run[k] for run in runs for k in run if k.endswith("spans_lost"))
     if lost:
         print(f"NOTE  {lost:.0f} spans were dropped or failed to export: CPU is understated.")
-    noise = median([v for k, v in summary.items() if k.endswith("others_cores_busy")])
-    if noise > 0.25:
-        print(f"NOTE  other processes kept {noise:.2f} cores busy (median over phases): the "
-              "machine was shared, so the figures are noisy.")
     args.results_dir.mkdir(parents=True, exist_ok=True)
     path = args.results_dir / f"tracing-overhead-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_bytes(orjson.dumps({

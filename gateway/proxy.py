@@ -123,7 +123,6 @@ async def _forward(
             f"No healthy backend serves {parsed.model!r} right now; retry shortly.", 2
         )
     gw.metrics.observe_routing(plan.request.num_prompt_tokens, ranked[0][1].expected_cached_tokens)
-    attempts = [backend for backend, _ in ranked]
     headers = {"Content-Type": "application/json", "X-Request-Id": request[REQUEST_ID]}
     for name in _FORWARDED_HEADERS:
         value = request.headers.get(name)
@@ -133,10 +132,10 @@ async def _forward(
     failure: UpstreamFailure | None = None
     opened: Opened | None = None
     first_sent_s = time.perf_counter()
-    for index, backend in enumerate(attempts):
+    for index, (backend, choice) in enumerate(ranked[:max_attempts]):
         if index:
             gw.metrics.retries.inc()
-        router.started(backend, plan)
+        router.started(backend, plan, choice.expected_cached_tokens)
         sent_s = time.perf_counter()
         try:
             opened = await gw.upstream.open(
@@ -152,7 +151,7 @@ async def _forward(
         except BaseException:
             router.finished(backend, plan, had_first_token=False)
             raise
-        if opened.response.status in RETRYABLE_STATUSES and index + 1 < len(attempts):
+        if opened.response.status in RETRYABLE_STATUSES and index + 1 < len(ranked):
             router.finished(backend, plan, had_first_token=False)
             gw.metrics.upstream_errors.labels(backend.name, f"http_{opened.response.status}").inc()
             opened.response.close()
@@ -170,11 +169,8 @@ async def _forward(
     trace.responded(opened.backend.name, first_sent_s, index + 1, is_sse)
     if is_sse:
         router.first_token(opened.backend, plan)
-        expected_cached = next((r.expected_cached_tokens for b, r in ranked
-                                if b is opened.backend), 0)
         gw.slo.observe_first_token(opened.backend.name, plan.snapshot,
-                                   max(0, plan.request.num_prompt_tokens - expected_cached),
-                                   time.perf_counter() - sent_s)
+                                   plan.pending_prefill_tokens, time.perf_counter() - sent_s)
     try:
         if is_sse:
             return await _relay_stream(request, gw, opened, ticket)

@@ -46,6 +46,7 @@ class RoutePlan:
     request: RouteRequest
     reserved_tokens: int
     snapshot: FleetSnapshot | None = None  # what the routing decision saw
+    pending_prefill_tokens: int = 0  # what the chosen backend must prefill (set by started)
 
 
 class _SegmentCache:
@@ -191,10 +192,13 @@ class Router:
         return PrefixMatch()
 
     # -- bookkeeping ----------------------------------------------------------------------
-    def started(self, backend: Backend, plan: RoutePlan) -> None:
+    def started(self, backend: Backend, plan: RoutePlan, expected_cached_tokens: int = 0) -> None:
         backend.num_in_flight += 1
         backend.num_in_flight_tokens += plan.reserved_tokens
-        backend.num_in_flight_prompt_tokens += plan.request.num_prompt_tokens
+        # Only what it must prefill: a cache hit costs the backend almost nothing.
+        plan.pending_prefill_tokens = max(0, plan.request.num_prompt_tokens
+                                          - expected_cached_tokens)
+        backend.num_in_flight_prompt_tokens += plan.pending_prefill_tokens
         if plan.request.char_hashes:
             now_s = time.time()
             self.approx_index.record(plan.request.char_hashes, backend.name, now_s)
@@ -202,14 +206,14 @@ class Router:
                 self.on_record(plan.request.char_hashes, backend.name, now_s)
 
     def first_token(self, backend: Backend, plan: RoutePlan) -> None:
-        backend.num_in_flight_prompt_tokens -= plan.request.num_prompt_tokens
+        backend.num_in_flight_prompt_tokens -= plan.pending_prefill_tokens
 
     def finished(self, backend: Backend, plan: RoutePlan, *, had_first_token: bool) -> None:
         backend.num_in_flight -= 1
         backend.num_in_flight_tokens -= plan.reserved_tokens
         backend.num_finished_since_load += 1
         if not had_first_token:
-            backend.num_in_flight_prompt_tokens -= plan.request.num_prompt_tokens
+            backend.num_in_flight_prompt_tokens -= plan.pending_prefill_tokens
 
 
 def _prompt_text(body: dict[str, Any]) -> str:
