@@ -5,9 +5,9 @@
 - **admit** when the fleet has capacity (``fleet_has_capacity``) and the quickest backend's
   predicted TTFT, plus any time already waited, meets the tier's target;
 - otherwise, by the tier's ``on_overload``: ``reject`` answers at once (503, ``Retry-After``
-  and the reason) — unless the fleet is saturated only by lower tiers (nothing of this tier
-  queued ahead) and the request could still meet its SLO from the head of the queue: then it
-  waits there, at most until that stops being true; ``queue_until_deadline`` and ``queue``
+  and the reason) — unless the fleet is saturated and the request could still meet its SLO
+  from the front of the queue (it goes ahead of every lower tier): then it waits there, at
+  most until that stops being true; ``queue_until_deadline`` and ``queue``
   wait in ``FairQueue`` until ``tier.queue_deadline_s(arrival_s)`` (the TTFT SLO or
   ``max_queue_wait_s``: see ``Tier.max_wait_s``), and are answered with a 503 if still
   waiting then.
@@ -164,7 +164,8 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
         if num_queued_ahead > 0 and tier.on_overload != "reject":
             reason = (f"{num_queued_ahead} request(s) of this or a higher tier are queued "
                       "ahead")
-            return _overload(request, arrival_s, now_s, config, reason, best_s, best.name)
+            return _overload(request, arrival_s, now_s, config, reason, best_s, best.name,
+                             idle_s=idle_s)
         return Decision("admit", f"predicted TTFT {best_s:.3g} s on {best.name} meets the "
                         f"{tier.name} tier's {target_s:.3g} s target", best_s,
                         backend=best.name)
@@ -172,10 +173,11 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
         reason = (f"fleet saturated: no backend has <= {config.max_waiting} waiting requests, "
                   f"KV usage below {config.max_kv_usage:.0%} and a free batch slot")
         head_deadline_s = arrival_s + tier.ttft_slo_s - idle_s
-        if tier.on_overload == "reject" and num_queued_ahead == 0 and head_deadline_s > now_s:
-            # Saturated by lower tiers: this request goes to the head of the gateway's queue
-            # and takes the next free slot, so it can still meet its SLO. Wait only as long
-            # as that stays true; past that it is rejected (503) before any upstream work.
+        if tier.on_overload == "reject" and head_deadline_s > now_s:
+            # Saturated: this request goes ahead of every lower tier in the gateway's queue
+            # and takes one of the next free slots, so it can still meet its SLO. Wait only
+            # as long as that stays true; past that it is rejected (503) before any upstream
+            # work. (Its own tier's queue ahead of it is bounded by the same deadline.)
             return Decision("queue", f"{reason}; at the head of the queue for up to "
                             f"{head_deadline_s - now_s:.3g} s", best_s,
                             deadline_s=head_deadline_s, backend=best.name)
@@ -183,7 +185,7 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
         reason = (f"predicted TTFT {expected_s:.3g} s (quickest: {best.name}) exceeds the "
                   f"{tier.name} tier's {target_s:.3g} s target")
     return _overload(request, arrival_s, now_s, config, reason, best_s, best.name,
-                     excess_s=best_s - target_s)
+                     excess_s=best_s - target_s, idle_s=idle_s)
 
 
 def reject_expired(tier: Tier, arrival_s: float, now_s: float,
@@ -196,13 +198,17 @@ def reject_expired(tier: Tier, arrival_s: float, now_s: float,
 
 def _overload(request: AdmissionRequest, arrival_s: float, now_s: float,
               config: PolicyConfig, reason: str, predicted_s: float | None = None,
-              backend: str | None = None, excess_s: float = 0.0) -> Decision:
+              backend: str | None = None, excess_s: float = 0.0,
+              idle_s: float = 0.0) -> Decision:
     tier = request.tier
     if tier.on_overload == "reject":
         return Decision("reject", f"{reason}; the {tier.name} tier does not queue",
                         predicted_s, retry_after_s=_retry_after_s(excess_s, config),
                         backend=backend)
     deadline_s = tier.queue_deadline_s(arrival_s)
+    if tier.on_overload == "queue_until_deadline":
+        # Leave its own prefill time inside the SLO: dispatched later, it would miss anyway.
+        deadline_s = min(deadline_s, arrival_s + tier.ttft_slo_s - idle_s)
     if deadline_s <= now_s:
         return Decision("reject", f"{reason}; the {tier.name} tier's queue deadline has passed",
                         predicted_s, retry_after_s=_retry_after_s(excess_s, config),

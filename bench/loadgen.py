@@ -264,9 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     summary = result.to_json()
     if args.json:
         # The event loop may leave stdout non-blocking; a pipe then takes only 64-128 KiB.
-        os.set_blocking(sys.stdout.fileno(), True)
-        sys.stdout.buffer.write(orjson.dumps(summary) + b"\n")
-        sys.stdout.buffer.flush()
+        sys.stdout.flush()
+        fd = sys.stdout.fileno()
+        os.set_blocking(fd, True)
+        view = memoryview(orjson.dumps(summary) + b"\n")
+        while view:  # os.write may take only part of it
+            view = view[os.write(fd, view):]
     else:
         cpu = ", ".join(f"{k} {v:.3f} s" for k, v in result.cpu_s.items())
         print(f"{result.num_ok} ok, {result.num_errors} errors in {result.elapsed_s:.2f} s "

@@ -62,7 +62,7 @@ def _row(label: str, f: Figures) -> str:
     return (f"| {label} | {_num(ttft['p50'])} / {_num(ttft['p90'])} / {_num(ttft['p99'])} "
             f"| {_num(f['throughput_rps'], 1)} | {_num(f['cached_fraction'], 3)} "
             f"| {_num(f['ideal_cached_fraction'], 3)} | {_num(f['share_of_ideal'], 2)} "
-            f"| {_num(f['expected_cached_fraction'], 3)} "
+            f"| {_num(f.get('expected_cached_fraction'), 3)} "
             f"| {_num(f['max_mean_requests'], 2)} | {_num(f['busy_max_mean'], 2)} "
             f"| {_num(f['work_max_mean'], 2)} | {f['num_errors']} |")
 

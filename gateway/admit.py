@@ -40,6 +40,7 @@ class QuotaTicket:
     num_prompt_tokens: int
     headers: dict[str, str] = field(default_factory=dict)
     needs_lease: bool = False
+    limits_tokens: bool = False
     num_output_tokens: int = 0
 
     @property
@@ -75,6 +76,7 @@ async def admit_quota(
     ticket.store = store
     ticket.headers = decision.headers()
     ticket.needs_lease = bool(tenant.limits.max_concurrent)
+    ticket.limits_tokens = bool(tenant.limits.tokens_per_minute)
     return ticket
 
 
@@ -92,6 +94,8 @@ def finish_quota(ticket: QuotaTicket) -> None:
     if store is None:
         return
     ticket.store = None  # settle exactly once
+    if not ticket.needs_lease and not ticket.limits_tokens:
+        return  # a request-rate limit only: nothing held, nothing to refund
     actual = ticket.num_prompt_tokens + ticket.num_output_tokens
     task = asyncio.get_running_loop().create_task(store.settle(
         ticket.tenant_id, ticket.limits,  # type: ignore[arg-type]
