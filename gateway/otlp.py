@@ -92,14 +92,14 @@ def _key(key: str) -> bytes:
 
 
 def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
-    """Each attribute as a ``KeyValue`` field; strings, integers and booleans come whole from a
-    cache (the type is part of its key: ``1 == True``)."""
+    """Each attribute as a ``KeyValue`` field; strings, integers, booleans and tuples come whole
+    from a cache (the type is part of its key: ``1 == True``)."""
     if not attributes:
         return b""
     parts = []
     for key, value in attributes.items():
         kind = type(value)
-        if kind is str or kind is int or kind is bool:
+        if kind is str or kind is int or kind is bool or kind is tuple:
             field = _fields.get((tag, key, value, kind))
             if field is None:
                 field = _field(tag, _key(key) + _field(b"\x12", _any_value(value)))
@@ -175,6 +175,26 @@ def encode_children(
                          _attributes(b"\x4a", attributes), _UNSET_LOCAL_PARENT))
         out.append(_field(b"\x12", body))
     return b"".join(out)
+
+
+# One request's spans as the gateway records them, encoded when its batch is sent: trace id,
+# span id, parent span id, is the parent remote, trace state, name, start and end (ns),
+# attributes and status of its SERVER span; then its waits' INTERNAL spans (see
+# ``encode_children``).
+RequestSpans = tuple[
+    int, int, int | None, bool, TraceState | None, str, int, int, Mapping[str, Any], StatusCode,
+    str | None, Sequence[tuple[str, int, int, int, Mapping[str, Any] | None]],
+]
+
+
+def encode_request_spans(spans: RequestSpans) -> bytes:
+    """A request's spans, framed for ``export_request``: its waits', then its own."""
+    (trace_id, span_id, parent_id, is_parent_remote, trace_state, name, start_ns, end_ns,
+     attributes, status_code, status_message, children) = spans
+    return encode_children(trace_id, span_id, trace_state, children) + framed_span(
+        encode_span_fields(trace_id, span_id, parent_id, is_parent_remote, name, SpanKind.SERVER,
+                           start_ns, end_ns, attributes, status_code, status_message,
+                           trace_state))
 
 
 def encode_span(span: ReadableSpan) -> bytes:

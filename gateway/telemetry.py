@@ -3,12 +3,12 @@
 The proxy notes when each wait starts and ends (``RequestTrace.waited`` and friends). When the
 request finishes, its waits go to the rolling window behind ``/admin/waits`` and to the
 Prometheus histograms, and — when tracing is on and the request is sampled — its spans are built
-from those timestamps and handed to the SDK's span processor: a SERVER span with the GenAI
-semantic-convention attributes and one child span per wait. Nothing lives during the request
-but a few floats, so tracing that is off costs nothing but a flag check, and sampled tracing
-stays cheap (see ``gateway/otlp.py`` for the configuration from ``OTEL_*`` and
-the export). Workers get a W3C ``traceparent`` naming the gateway's span, so their spans join
-the same trace.
+from those timestamps: a SERVER span with the GenAI semantic-convention attributes and one
+child span per wait, written straight to OTLP protobuf for the exporter (and as SDK spans for
+SDK span processors). Nothing lives during the request but a few floats, so tracing that is off
+costs nothing but a flag check, and sampled tracing stays cheap (``gateway/tracing.py`` has the
+configuration from ``OTEL_*`` and the exporter, ``gateway/otlp.py`` the encoding). Workers get a
+W3C ``traceparent`` naming the gateway's span, so their spans join the same trace.
 
 Example::
 
@@ -28,11 +28,14 @@ import contextvars
 import re
 import time
 from collections.abc import AsyncIterator, Sequence
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 import orjson
-from aiohttp import TraceConfig, web
+from aiohttp import web
+from aiohttp.client_reqrep import ClientRequest
+from aiohttp.connector import Connection
+from aiohttp.tracing import Trace
 from opentelemetry.propagate import extract
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import (
@@ -47,7 +50,6 @@ from opentelemetry.trace import (
 from gateway.admin import _admin as require_admin
 from gateway.context import GATEWAY, REQUEST_ID
 from gateway.errors import APIError
-from gateway.otlp import encode_children, encode_span_fields, framed_span
 from gateway.tracing import Tracing, tracing_from_env
 from gateway.wait_metrics import WaitMetrics
 from gateway.waits import WaitsWindow
@@ -59,6 +61,9 @@ if TYPE_CHECKING:
 _OPERATIONS = {"chat": "chat", "completions": "text_completion"}
 _ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+# Shorter waits are counted but get no span: a cached key, an immediate admission, a pooled
+# connection take a few µs, and a span costs more than that to export.
+MIN_WAIT_SPAN_S = 50e-6
 _PROMPT_TOKENS_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _OUTPUT_TOKENS_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _FINISH_RE = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]+)"')
@@ -138,14 +143,16 @@ class RequestTrace:
     def waited(self, wait: str, started_s: float | None = None,
                attributes: dict[str, Any] | None = None) -> float:
         """Record a wait that began at ``started_s`` (``time.perf_counter()``; by default when
-        ``waiting`` opened it) and ends now."""
+        ``waiting`` opened it) and ends now. It gets a span if it has attributes or lasted
+        ``MIN_WAIT_SPAN_S``: a cached key or an immediate admission is not worth a span."""
         now_s = time.perf_counter()
         if started_s is None:
             assert self._open is not None and self._open[0] == wait
             started_s = self._open[1]
             self._open = None
         self.waits[wait] = self.waits.get(wait, 0.0) + now_s - started_s
-        if self._spans is not None:
+        if self._spans is not None and (attributes is not None or
+                                        now_s - started_s >= MIN_WAIT_SPAN_S):
             self._spans.append((wait, started_s, now_s, attributes))
         return now_s
 
@@ -239,7 +246,8 @@ class RequestTrace:
             self._attributes["server.port"] = int(host[2])
 
     def _export(self, status: int, end_s: float) -> None:
-        """The finished spans, encoded for the OTLP exporter and/or as SDK spans."""
+        """The finished spans, for the OTLP exporter (which encodes them in batches) and/or as
+        SDK spans for SDK span processors."""
         tracing = self._telemetry.tracing
         assert tracing is not None and self._spans is not None
         epoch_ns, started_s = self._epoch_ns, self.started_s
@@ -258,7 +266,7 @@ class RequestTrace:
         elif self.num_output_tokens:
             attributes["gen_ai.usage.output_tokens"] = self.num_output_tokens
         if reasons := _FINISH_RE.findall(tail):
-            attributes["gen_ai.response.finish_reasons"] = [r.decode() for r in reasons]
+            attributes["gen_ai.response.finish_reasons"] = tuple(r.decode() for r in reasons)
         status_code, message = StatusCode.UNSET, None
         if status >= 500:
             attributes["error.type"] = str(status)
@@ -271,12 +279,9 @@ class RequestTrace:
         parent_id = parent.span_id if parent is not None else None
         is_remote = parent is not None and parent.is_remote
         if tracing.exporter is not None:
-            tracing.exporter.add(
-                encode_children(trace_id, server_id, trace_state, children) +
-                framed_span(encode_span_fields(
-                    trace_id, server_id, parent_id, is_remote, name, SpanKind.SERVER, epoch_ns,
-                    end_ns, attributes, status_code, message, trace_state)),
-                len(children) + 1)
+            tracing.exporter.add((trace_id, server_id, parent_id, is_remote, trace_state, name,
+                                  epoch_ns, end_ns, attributes, status_code, message, children),
+                                 len(children) + 1)
         if tracing.processors:
             server = SpanContext(trace_id, server_id, False, _SAMPLED, trace_state)
             spans = [ReadableSpan(
@@ -293,28 +298,23 @@ class RequestTrace:
                     processor.on_end(span)
 
 
-# -- aiohttp hooks: connecting to a worker, and waiting for a pooled connection ---------------
-async def _connect_started(session: object, context: SimpleNamespace, params: object) -> None:
-    if _CURRENT.get() is not None:
-        context.connect_started_s = time.perf_counter()
+# -- the upstream pool: how long each request waits for a connection ---------------------------
+class TimedTCPConnector(aiohttp.TCPConnector):
+    """The upstream client's connector, timing ``connect`` (a pooled connection, a new one, or
+    a wait for a free one) for the request this task serves. ``setup_telemetry`` puts it in
+    place by changing the class of the existing connector, as ``gateway.server`` does for its
+    server: cheaper than aiohttp's client tracing, which costs every request a dozen awaits."""
 
-
-async def _connect_ended(session: object, context: SimpleNamespace, params: object) -> None:
-    trace = _CURRENT.get()
-    started_s = getattr(context, "connect_started_s", None)
-    if trace is not None and started_s is not None:
-        trace.waited("upstream_connect", started_s)
-        context.connect_started_s = None
-
-
-def upstream_trace_config() -> TraceConfig:
-    config = TraceConfig()
-    config.on_connection_queued_start.append(_connect_started)
-    config.on_connection_queued_end.append(_connect_ended)
-    config.on_connection_create_start.append(_connect_started)
-    config.on_connection_create_end.append(_connect_ended)
-    config.freeze()
-    return config
+    async def connect(self, req: ClientRequest, traces: list[Trace],
+                      timeout: aiohttp.ClientTimeout) -> Connection:  # noqa: ASYNC109
+        trace = _CURRENT.get()
+        if trace is None:  # health checks and fleet polls
+            return await super().connect(req, traces, timeout)
+        started_s = time.perf_counter()
+        try:
+            return await super().connect(req, traces, timeout)
+        finally:
+            trace.waited("upstream_connect", started_s)
 
 
 # -- the app ----------------------------------------------------------------------------------
@@ -331,10 +331,8 @@ def setup_telemetry(app: web.Application) -> None:
         gw = app[GATEWAY]
         telemetry.metrics = WaitMetrics(gw.metrics, gw.settings.tier_names)
         tracing = telemetry.tracing
-        if tracing is not None:
-            # aiohttp's client hooks cost ~10 us per request even when a connection is reused:
-            # the upstream-connect wait is only measured while tracing is on.
-            gw.upstream.session.trace_configs.append(upstream_trace_config())
+        if type(gw.upstream.session.connector) is aiohttp.TCPConnector:
+            gw.upstream.session.connector.__class__ = TimedTCPConnector
         exporter = tracing.exporter if tracing is not None else None
         exporting = None
         if exporter is not None:

@@ -273,7 +273,8 @@ def _trace(spans: Tracer, request: web.Request, parsed: SimRequest, handle: Requ
     now_ns = time.time_ns()
 
     def to_ns(loop_s: float) -> int:
-        return now_ns - round((now_s - loop_s) * 1e9)
+        # The loop's clock is read once per loop iteration: keep the phases inside the span.
+        return max(started_ns, now_ns - round((now_s - loop_s) * 1e9))
 
     end_s = phases.finish_s if phases.finish_s is not None else now_s
     operation = "chat" if parsed.is_chat else "text_completion"
