@@ -67,7 +67,7 @@ MIN_WAIT_SPAN_S = 50e-6
 _PROMPT_TOKENS_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _OUTPUT_TOKENS_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _FINISH_RE = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]+)"')
-# The request being served by this task, for aiohttp's connection hooks.
+# The request this task serves, for the upstream connector (``TimedTCPConnector``).
 _CURRENT: contextvars.ContextVar[RequestTrace | None] = contextvars.ContextVar(
     "switchyard_request_trace", default=None)
 
