@@ -86,7 +86,7 @@ class SloAdmission:
                                    prompt_tokens=plan.request.num_prompt_tokens,
                                    model=plan.request.model, arrival_s=now_s)
         decision = decide(request, snapshot, self.predictor, now_s,
-                          num_queued_ahead=self.queue.num_ahead(tier))
+                          num_queued_ahead=self.queue.num_ahead(tier) if len(self.queue) else 0)
         if decision.action == "admit":
             plan.snapshot = snapshot  # routing reuses it: no second snapshot
             return
