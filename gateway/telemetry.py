@@ -52,7 +52,7 @@ from gateway.context import GATEWAY, REQUEST_ID
 from gateway.errors import APIError
 from gateway.tracing import Tracing, tracing_from_env
 from gateway.wait_metrics import WaitMetrics
-from gateway.waits import WaitsWindow
+from gateway.waits import WAIT_TYPES, WaitsWindow
 
 if TYPE_CHECKING:
     from gateway.router import RoutePlan
@@ -67,6 +67,8 @@ MIN_WAIT_SPAN_S = 50e-6
 _PROMPT_TOKENS_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _OUTPUT_TOKENS_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _FINISH_RE = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]+)"')
+# Every wait's total on the server span, short ones included (they get no span of their own).
+_WAIT_ATTRIBUTES = {wait: f"switchyard.wait.{wait}.duration" for wait in WAIT_TYPES}
 # The request this task serves, for the upstream connector (``TimedTCPConnector``).
 _CURRENT: contextvars.ContextVar[RequestTrace | None] = contextvars.ContextVar(
     "switchyard_request_trace", default=None)
@@ -258,6 +260,8 @@ class RequestTrace:
                     for name, start_s, stop_s, attributes in self._spans]
         attributes = self._attributes
         attributes["http.response.status_code"] = status
+        for wait, seconds in self.waits.items():
+            attributes[_WAIT_ATTRIBUTES.get(wait) or f"switchyard.wait.{wait}.duration"] = seconds
         tail = self.tail[-2048:]
         if match := _PROMPT_TOKENS_RE.search(tail):
             attributes["gen_ai.usage.input_tokens"] = int(match.group(1))

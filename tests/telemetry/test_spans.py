@@ -154,6 +154,10 @@ async def test_request_span_has_genai_attributes_and_a_child_per_wait(
     # Waits under MIN_WAIT_SPAN_S have no span: a cached key, an immediate admission, a
     # pooled connection.
     assert set(spans) - expected <= {"auth", "admission_queue", "upstream_connect"}
+    # ... but every wait, short or not, is on the server span, in seconds.
+    for wait in ("auth", "admission_queue", "upstream_connect", "quota", "routing", upstream):
+        seconds = attributes[f"switchyard.wait.{wait}.duration"]
+        assert 0.0 <= seconds <= (server.end_time - server.start_time) / 1e9
     for span in spans.values():
         assert span.context.trace_id == server.context.trace_id
         assert span.parent is not None and span.parent.span_id == server.context.span_id
