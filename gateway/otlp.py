@@ -40,6 +40,7 @@ _keys: dict[str, bytes] = {}
 _fields: dict[tuple[bytes, str, Any, type], bytes] = {}
 _names: dict[tuple[str, SpanKind], bytes] = {}
 _internal_names: dict[str, bytes] = {}
+_float_heads: dict[tuple[bytes, str], bytes] = {}  # a float attribute's bytes before its value
 # Span flags (OTLP 1.x): "has is_remote" always, "is remote" when the parent came over the wire.
 _FLAGS_LOCAL_PARENT = b"\x85\x01" + struct.pack("<I", 0x100)
 _FLAGS_REMOTE_PARENT = b"\x85\x01" + struct.pack("<I", 0x300)
@@ -106,6 +107,15 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
                 if len(_fields) >= _CACHE_LIMIT:
                     _fields.clear()
                 _fields[tag, key, value, kind] = field
+        elif kind is float:  # durations: the value changes every time, its head does not
+            head = _float_heads.get((tag, key))
+            if head is None:
+                key_field = _key(key)
+                head = tag + _varint(len(key_field) + 11) + key_field + b"\x12\x09\x21"
+                if len(_float_heads) >= _CACHE_LIMIT:
+                    _float_heads.clear()
+                _float_heads[tag, key] = head
+            field = head + _DOUBLE.pack(value)
         else:
             field = _field(tag, _key(key) + _field(b"\x12", _any_value(value)))
         parts.append(field)
