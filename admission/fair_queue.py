@@ -137,18 +137,26 @@ class FairQueue:
         level.fair.add(slot)
         return True
 
-    def pop(self, now_s: float) -> QueueEntry | None:
-        """The next entry to dispatch, charged to its tenant; None when nothing is waiting."""
+    def pop(self, now_s: float, max_priority: int | None = None) -> QueueEntry | None:
+        """The next entry to dispatch, charged to its tenant; None when nothing is waiting.
+
+        ``max_priority`` leaves tiers of a larger priority number waiting (the fleet's last
+        free slots are held for higher tiers: ``admission.headroom``); their share credit
+        still accrues."""
         self._expired.extend(self._take_expired(now_s))
         waiting = [level for level in self._levels.values() if level.fair.num_live]
         if not waiting:
             self._credit_tokens = 0.0
             return None
-        chosen = waiting[0]
+        eligible = waiting if max_priority is None else [
+            level for level in waiting if level.tier.priority <= max_priority]
+        if not eligible:
+            return None
+        chosen = eligible[0]
         if len(waiting) == 1:
             self._credit_tokens = 0.0
-        else:
-            lower = min(waiting[1:], key=lambda level: level.fair.oldest_arrival_s())
+        elif len(eligible) > 1:
+            lower = min(eligible[1:], key=lambda level: level.fair.oldest_arrival_s())
             if self._credit_tokens >= charged_tokens(lower.fair.head().entry):
                 chosen = lower
         slot = chosen.fair.take_head()

@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from admission.headroom import free_slots
 from admission.predictor import TtftFeatures, ttft_features
 from admission.tiers import Tier
 from routing.types import BackendState, FleetSnapshot, PrefixMatch
@@ -138,8 +139,11 @@ def fleet_has_capacity(snapshot: FleetSnapshot, config: PolicyConfig = DEFAULT_P
 
 def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEstimator,
            now_s: float, *, config: PolicyConfig = DEFAULT_POLICY,
-           num_queued_ahead: int = 0) -> Decision:
-    """Admit, queue or reject ``request``; see the module docstring. O(backends)."""
+           num_queued_ahead: int = 0, reserved_slots: int = 0) -> Decision:
+    """Admit, queue or reject ``request``; see the module docstring. O(backends).
+
+    ``reserved_slots``: free batch slots this request must leave to higher tiers
+    (``admission.headroom``); the fleet has room for it only beyond them."""
     tier = request.tier
     arrival_s = now_s if request.arrival_s is None else request.arrival_s
     waited_s = max(0.0, now_s - arrival_s)
@@ -166,6 +170,11 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
         if backend_has_capacity(b, max_age_s=snapshot.max_age_s, config=config):
             has_capacity = True
             break
+    held_for_higher = False
+    if has_capacity and reserved_slots > 0:
+        room = free_slots(snapshot, model=request.model)
+        if room is not None and room[0] <= reserved_slots:
+            has_capacity, held_for_higher = False, True
     if expected_s <= tier.ttft_slo_s and has_capacity and not num_queued_ahead:
         # The common case, decided without the idle predictions: the target is at least the
         # SLO, so meeting the SLO meets it.
@@ -181,7 +190,9 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
                              idle_s=idle_s)
         return Decision("admit", _ADMIT_REASON, best_s, backend=best.name)
     if not has_capacity:
-        reason = (f"fleet saturated: no backend has <= {config.max_waiting} waiting requests, "
+        reason = (f"the fleet's last free batch slots (up to {reserved_slots}) are held for "
+                  "higher tiers' expected arrivals" if held_for_higher else
+                  f"fleet saturated: no backend has <= {config.max_waiting} waiting requests, "
                   f"KV usage below {config.max_kv_usage:.0%} and a free batch slot")
         head_deadline_s = arrival_s + tier.ttft_slo_s - idle_s
         if tier.on_overload == "reject" and head_deadline_s > now_s:

@@ -140,6 +140,8 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
         admission = settings.admission
         slo = SloAdmission(
             settings.tiers, router, is_enabled=admission.slo_enabled,
+            headroom_factor=admission.headroom_factor,
+            headroom_max_share=admission.headroom_max_share,
             queue_config=FairQueueConfig(lower_tier_share=admission.lower_tier_share,
                                          max_total=admission.max_queue_len,
                                          max_per_tier=admission.max_queue_len),

@@ -154,6 +154,11 @@ class AdmissionSettings(_Strict):
     lower_tier_share: float = Field(0.05, ge=0, lt=1,
                                     description="share of dispatch guaranteed to lower tiers")
     max_queue_len: int = Field(10_000, ge=1)
+    headroom_factor: float = Field(
+        1.0, ge=0, description="free batch slots kept for higher tiers: this times their "
+        "expected arrivals within their TTFT SLO (0: none); see admission/headroom.py")
+    headroom_max_share: float = Field(
+        0.25, ge=0, lt=1, description="at most this share of the fleet's batch slots is kept")
 
 
 class Settings(_Strict):

@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterable, Iterator
 
 from admission.fair_queue import FairQueue, FairQueueConfig, QueueEntry
+from admission.headroom import ArrivalRates, free_slots, reserved_slots
 from admission.policy import AdmissionRequest, decide, fleet_has_capacity, reject_expired
 from admission.predictor import TtftPredictor, snapshot_features
 from admission.tiers import (
@@ -48,8 +49,12 @@ TIER_HEADER = "x-switchyard-tier"
 class SloAdmission:
     def __init__(self, tiers: Iterable[Tier | TierConfig], router: Router, *,
                  is_enabled: bool = True, tick_s: float = 0.01,
-                 queue_config: FairQueueConfig | None = None) -> None:
+                 queue_config: FairQueueConfig | None = None, headroom_factor: float = 1.0,
+                 headroom_max_share: float = 0.25) -> None:
         self.tiers = tier_table(tiers)
+        self.arrivals = ArrivalRates()
+        self.headroom_factor = headroom_factor
+        self.headroom_max_share = headroom_max_share
         self.router = router
         self.is_enabled = is_enabled
         self.queue = FairQueue(self.tiers.values(), queue_config)
@@ -85,8 +90,11 @@ class SloAdmission:
         request = AdmissionRequest(tier=tier, tenant=principal.tenant.id,
                                    prompt_tokens=plan.request.num_prompt_tokens,
                                    model=plan.request.model, arrival_s=now_s)
+        self.arrivals.arrived(tier.name, now_s)
         decision = decide(request, snapshot, self.predictor, now_s,
-                          num_queued_ahead=self.queue.num_ahead(tier) if len(self.queue) else 0)
+                          num_queued_ahead=self.queue.num_ahead(tier) if len(self.queue) else 0,
+                          reserved_slots=self.reserved_slots(tier, snapshot, now_s,
+                                                             plan.request.model))
         if decision.action == "admit":
             plan.snapshot = snapshot  # routing reuses it: no second snapshot
             return
@@ -142,8 +150,11 @@ class SloAdmission:
                                                  decision.retry_after_s))
         # One release per pass: the released handler routes (and counts itself in flight on
         # its backend) before the next pass looks at the fleet again.
-        while len(self.queue) and fleet_has_capacity(self.router.fleet_snapshot(now_s)):
-            popped = self.queue.pop(now_s)
+        while len(self.queue):
+            snapshot = self.router.fleet_snapshot(now_s)
+            if not fleet_has_capacity(snapshot):
+                return 0
+            popped = self.queue.pop(now_s, self._max_dispatch_priority(snapshot, now_s))
             if popped is None:
                 return 0
             waiter = self._waiters.get(popped.entry_id)
@@ -152,6 +163,36 @@ class SloAdmission:
                 self._wakeup.set()
                 return 1
         return 0
+
+    # -- headroom for higher tiers (admission/headroom.py) ---------------------------------
+    def reserved_slots(self, tier: Tier, snapshot: FleetSnapshot, now_s: float,
+                       model: str | None = None) -> int:
+        """Free batch slots a request of ``tier`` must leave to the tiers above it."""
+        if self.headroom_factor <= 0 or not any(
+                self.arrivals.rate(t.name, now_s) for t in self.tiers.values()
+                if t.priority < tier.priority):
+            return 0  # the top tier, or nothing above it lately: nothing to keep
+        room = free_slots(snapshot, model=model)
+        if room is None:
+            return 0  # a backend without max_batch: the fleet's room is unknown
+        return reserved_slots(tier, self.tiers.values(), self.arrivals, now_s,
+                              total_slots=room[1], factor=self.headroom_factor,
+                              max_share=self.headroom_max_share)
+
+    def _max_dispatch_priority(self, snapshot: FleetSnapshot, now_s: float) -> int | None:
+        """The lowest tier (largest priority number) the fleet's free slots may go to now."""
+        if self.headroom_factor <= 0:
+            return None
+        room = free_slots(snapshot)
+        if room is None:
+            return None
+        free, _ = room
+        allowed: int | None = None
+        for tier in sorted(self.tiers.values(), key=lambda t: t.priority):
+            if self.reserved_slots(tier, snapshot, now_s) >= free and allowed is not None:
+                break
+            allowed = tier.priority
+        return allowed
 
     def _reject_count(self, reason: str) -> None:
         key = _reason_label(reason)

@@ -1,0 +1,96 @@
+"""Headroom for higher tiers: batch slots lower tiers may not take.
+
+A stream that has started is never cancelled, so under overload a saturated fleet frees a
+batch slot only when some answer ends: with every slot busy, an interactive request waits
+for the next one to end, and a few interactive arrivals close together wait for several —
+past a 0.5 s SLO. Strict priority in the gateway's queue is not enough; the slots have to be
+free *before* the request arrives.
+
+So a request of tier T is dispatched only while the fleet has more free batch slots than
+``reserved_slots(T)``: the number of requests of the tiers above T expected to arrive within
+their own TTFT SLO, ``ceil(factor * sum(rate_t * ttft_slo_t))`` over those tiers, capped at
+``max_share`` of the fleet's slots. The top tier reserves nothing; a tier with no traffic
+above it reserves nothing, so without interactive traffic nothing is held back. Arrival rates
+are exponentially weighted (time constant ``tau_s``), per tier, counted at arrival (admitted,
+queued or rejected alike: the demand, not what was served).
+
+Free slots come from the fleet snapshot: per healthy backend with fresh figures and an
+advertised ``max_batch``, ``max_batch - max(running, in flight) - waiting``. A backend that
+advertises no ``max_batch`` (a third-party engine) has unknown room: then ``free_slots`` is
+None and no headroom is kept (the saturation checks of ``admission.policy`` still apply).
+
+Example::
+
+    rates = ArrivalRates(tau_s=10.0)
+    rates.arrived("interactive", now_s)
+    reserve = reserved_slots(tiers["standard"], tiers.values(), rates, now_s,
+                             total_slots=16)          # e.g. 3
+    free = free_slots(snapshot, max_age_s=snapshot.max_age_s)  # e.g. 2: standard waits
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from admission.tiers import Tier
+from routing.types import BackendState, FleetSnapshot
+
+
+class ArrivalRates:
+    """Exponentially weighted arrival rate per tier, in requests per second."""
+
+    def __init__(self, tau_s: float = 10.0) -> None:
+        if not (math.isfinite(tau_s) and tau_s > 0):
+            raise ValueError(f"tau_s must be > 0, got {tau_s}")
+        self.tau_s = tau_s
+        self._level: dict[str, tuple[float, float]] = {}  # tier -> (rate at time, time)
+
+    def arrived(self, tier: str, now_s: float) -> None:
+        rate = self.rate(tier, now_s)
+        self._level[tier] = (rate + 1.0 / self.tau_s, now_s)
+
+    def rate(self, tier: str, now_s: float) -> float:
+        level = self._level.get(tier)
+        if level is None:
+            return 0.0
+        rate, then_s = level
+        return rate * math.exp(-max(0.0, now_s - then_s) / self.tau_s)
+
+
+def reserved_slots(tier: Tier, tiers: Iterable[Tier], rates: ArrivalRates, now_s: float, *,
+                   total_slots: int, factor: float = 1.0, max_share: float = 0.25) -> int:
+    """Free batch slots a request of ``tier`` must leave to the tiers above it."""
+    if factor <= 0 or total_slots <= 0:
+        return 0
+    expected = sum(rates.rate(t.name, now_s) * t.ttft_slo_s for t in tiers
+                   if t.priority < tier.priority)
+    if expected <= 0:
+        return 0
+    return min(math.ceil(factor * expected - 1e-9), int(max_share * total_slots))
+
+
+def backend_free_slots(backend: BackendState, *, max_age_s: float) -> int | None:
+    """Batch slots ``backend`` could start a request in now; None when it does not say."""
+    max_batch = backend.profile.max_batch
+    if max_batch is None:
+        return None
+    if not backend.is_healthy or backend.age_s > max_age_s:
+        return 0
+    busy = max(backend.num_running, backend.num_in_flight) + backend.num_waiting
+    return max(0, max_batch - busy)
+
+
+def free_slots(snapshot: FleetSnapshot, *, model: str | None = None) -> tuple[int, int] | None:
+    """(free, total) batch slots of the backends serving ``model`` (all, if None); None when
+    one of them advertises no ``max_batch``, so the fleet's room is unknown."""
+    free = total = 0
+    for backend in snapshot.backends:
+        if model is not None and model not in backend.models:
+            continue
+        room = backend_free_slots(backend, max_age_s=snapshot.max_age_s)
+        if room is None:
+            return None
+        free += room
+        total += backend.profile.max_batch or 0
+    return free, total

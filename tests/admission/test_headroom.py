@@ -1,0 +1,152 @@
+"""Headroom for higher tiers: arrival rates, reserved slots, free slots, and the gateway's
+dispatcher holding the last free slots for interactive traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import pytest
+
+from admission.fair_queue import FairQueue, QueueEntry
+from admission.headroom import ArrivalRates, backend_free_slots, free_slots, reserved_slots
+from admission.policy import AdmissionRequest, decide
+from admission.predictor import TtftPredictor
+from admission.tiers import DEFAULT_TIERS, tier_table
+from backends.registry import Backend, BackendRegistry
+from gateway.auth import Principal
+from gateway.keystore import ApiKey, Limits, Tenant
+from gateway.router import Router
+from gateway.slo import SloAdmission
+from routing.index_approx import ApproxPrefixIndex
+from routing.index_exact import ExactPrefixIndex
+from routing.profiles import profile_by_name
+from routing.types import BackendProfile, BackendState, FleetSnapshot, PrefixMatch
+
+TIERS = tier_table(DEFAULT_TIERS)
+NOW_S = 1000.0
+
+
+def backend(name: str = "w0", max_batch: int | None = 4, **fields: Any) -> BackendState:
+    return BackendState(name=name, models=frozenset({"m"}),
+                        profile=BackendProfile(max_batch=max_batch), **fields)
+
+
+def snapshot(*backends: BackendState) -> FleetSnapshot:
+    return FleetSnapshot(now_s=NOW_S, backends=backends, prefix=PrefixMatch(), max_age_s=5.0)
+
+
+def rates_with(per_s: dict[str, float], tau_s: float = 10.0) -> ArrivalRates:
+    """Rates built by steady arrivals over many time constants (they converge to per_s)."""
+    rates = ArrivalRates(tau_s)
+    for tier, rate in per_s.items():
+        for i in range(int(rate * tau_s * 20)):
+            rates.arrived(tier, NOW_S - tau_s * 20 + i / rate)
+    return rates
+
+
+def test_arrival_rate_converges_and_decays() -> None:
+    rates = rates_with({"interactive": 4.0})
+    assert rates.rate("interactive", NOW_S) == pytest.approx(4.0, rel=0.05)
+    assert rates.rate("interactive", NOW_S + 10.0) == pytest.approx(4.0 / math.e, rel=0.05)
+    assert rates.rate("batch", NOW_S) == 0.0
+    with pytest.raises(ValueError, match="tau_s"):
+        ArrivalRates(0.0)
+
+
+@pytest.mark.parametrize(("tier", "per_s", "factor", "total", "expected"), [
+    ("interactive", {"interactive": 4.0}, 1.0, 16, 0),  # the top tier keeps nothing
+    ("standard", {"interactive": 4.0}, 1.0, 16, 2),     # 4/s x 0.5 s
+    ("standard", {"interactive": 5.0}, 1.0, 16, 3),     # 2.5 -> 3
+    ("standard", {"interactive": 4.0}, 0.0, 16, 0),     # turned off
+    ("standard", {"batch": 50.0}, 1.0, 16, 0),          # nothing above standard
+    ("batch", {"interactive": 4.0, "standard": 1.0}, 1.0, 16, 4),  # 2 + 1 x 2 s
+    ("batch", {"interactive": 40.0}, 1.0, 16, 4),       # capped at a quarter of 16
+])
+def test_reserved_slots(tier: str, per_s: dict[str, float], factor: float, total: int,
+                        expected: int) -> None:
+    rates = rates_with(per_s)
+    assert reserved_slots(TIERS[tier], TIERS.values(), rates, NOW_S, total_slots=total,
+                          factor=factor) == expected
+
+
+@pytest.mark.parametrize(("state", "expected"), [
+    (backend(), 4),
+    (backend(num_running=3), 1),
+    (backend(num_running=1, num_in_flight=3), 1),  # the gateway's fresher count wins
+    (backend(num_running=4, num_waiting=2), 0),
+    (backend(num_running=1, is_healthy=False), 0),
+    (backend(num_running=1, age_s=60.0), 0),       # stale: no room counted
+    (backend(max_batch=None), None),               # does not say: unknown
+])
+def test_backend_free_slots(state: BackendState, expected: int | None) -> None:
+    assert backend_free_slots(state, max_age_s=5.0) == expected
+
+
+def test_fleet_free_slots() -> None:
+    assert free_slots(snapshot(backend("a", num_running=1), backend("b", num_running=4))) == (3, 8)
+    assert free_slots(snapshot(backend("a"), backend("b", max_batch=None))) is None
+    assert free_slots(snapshot(backend("a")), model="other") == (0, 0)
+
+
+def test_decide_leaves_the_reserved_slots_to_higher_tiers() -> None:
+    snap = snapshot(backend("a", num_running=2), backend("b", num_running=4))  # 2 free
+    request = AdmissionRequest(tier=TIERS["standard"], tenant="t", prompt_tokens=200, model="m")
+    assert decide(request, snap, TtftPredictor(), NOW_S, reserved_slots=1).action == "admit"
+    held = decide(request, snap, TtftPredictor(), NOW_S, reserved_slots=2)
+    assert held.action == "queue"
+    assert "held for higher tiers" in held.reason
+    assert held.deadline_s is not None and held.deadline_s > NOW_S
+
+
+def test_pop_leaves_lower_tiers_waiting_under_max_priority() -> None:
+    q = FairQueue(TIERS.values())
+    for i, tier in enumerate(("batch", "standard", "interactive")):
+        assert q.push(QueueEntry(f"r{i}", "t", tier, cost_tokens=100, arrival_s=0.0), 0.0)
+    assert q.pop(0.0, max_priority=TIERS["standard"].priority).entry_id == "r2"  # interactive
+    assert q.pop(0.0, max_priority=TIERS["standard"].priority).entry_id == "r1"
+    assert q.pop(0.0, max_priority=TIERS["standard"].priority) is None  # batch held back
+    assert len(q) == 1
+    assert q.pop(0.0).entry_id == "r0"
+
+
+@pytest.fixture
+def fleet() -> tuple[SloAdmission, Backend]:
+    worker = Backend(name="w0", url="http://127.0.0.1:9", models=frozenset({"m"}),
+                     profile=BackendProfile(max_batch=4))
+    router = Router(BackendRegistry([worker]), profile_by_name("least_load"),
+                    ExactPrefixIndex(block_size=16), ApproxPrefixIndex(), {}, seed=1)
+    return SloAdmission(DEFAULT_TIERS, router), worker
+
+
+def principal() -> Principal:
+    tenant = Tenant(id="t", name="t", tier="interactive", models=("m",), limits=Limits(),
+                    enabled=True, created_at=0.0)
+    key = ApiKey(id="k", tenant_id="t", name="k", digest="0" * 64, hint="", created_at=0.0,
+                 expires_at=None, revoked_at=None, tier=None)
+    return Principal(tenant=tenant, key=key)
+
+
+async def test_dispatcher_holds_the_last_slot_for_interactive(
+        fleet: tuple[SloAdmission, Backend]) -> None:
+    """With interactive traffic arriving, a standard request waits in the gateway while only
+    the reserved slot is free, and goes once a second slot frees up."""
+    slo, worker = fleet
+    loop = asyncio.get_running_loop()
+    worker.load_observed_s = loop.time()
+    worker.num_running = 3  # one free slot of four
+    for i in range(40):  # ~4 interactive arrivals per second lately
+        slo.arrivals.arrived("interactive", loop.time() - 10 + i / 4)
+    plan = slo.router.describe("m", {"messages": [{"role": "user", "content": "hi"}]}, "t")
+    admitted = loop.create_task(slo.admit(TIERS["standard"], principal(), plan, "std-1"))
+    await asyncio.sleep(0.05)
+    assert not admitted.done() and "std-1" in slo.queue
+    assert slo.dispatch(loop.time()) == 0  # the one free slot stays free
+    # An interactive request takes it at once: nothing is held for the top tier.
+    plan_i = slo.router.describe("m", {"messages": [{"role": "user", "content": "now"}]}, "t")
+    await asyncio.wait_for(slo.admit(TIERS["interactive"], principal(), plan_i, "int-1"), 1.0)
+    worker.num_running = 2  # two free: one beyond the reserve
+    worker.load_observed_s = loop.time()
+    assert slo.dispatch(loop.time()) == 1
+    await asyncio.wait_for(admitted, 1.0)
