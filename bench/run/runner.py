@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import json
 import os
 import random
 import resource
@@ -46,6 +47,8 @@ from bench.run.summary import Phase, summarize
 from bench.run.tenants import origin_of, provision, read_keys, write_keys
 from bench.run.workers import load_spread, scrape_all
 from bench.run.workloads import WORKLOADS, WorkloadOptions
+from gateway.waits import fetch as fetch_waits
+from gateway.waits import save_png
 
 
 def _tenants(args: argparse.Namespace, url: str, admin_token: str | None,
@@ -125,6 +128,19 @@ def _own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _gateway_waits(url: str, admin_token: str | None, window_s: float) -> dict[str, Any] | None:
+    """The gateway's waits report over the run (``gateway.waits``), or None when the target
+    is not a switchyard gateway or no admin token was given."""
+    if not admin_token:
+        return None
+    root = url.rstrip("/").removesuffix("/v1")
+    try:
+        return fetch_waits(root, admin_token, window_s)
+    except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+        print(f"no waits report from {root}: {exc}", file=sys.stderr)
+        return None
+
+
 def run_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the experiment ``args`` describe and write its results; the exit status."""
     if (args.url is None) == (args.fleet is None):
@@ -165,6 +181,7 @@ def run_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
         records = uvloop.run(_drive((url, model), limits, schedule, show))
         cpu_s, busy_s = _own_cpu_s() - cpu_before, busy_cpu_seconds() - busy_before
         spread = load_spread(before, scrape_all(metrics_urls))
+        waits = _gateway_waits(url, admin_token, args.duration)
     summary = summarize(records, slos, phases)
     summary["workers"] = spread
     summary["loadgen"] = {"cpu_s": cpu_s, "machine_busy_cpu_s": busy_s,
@@ -177,11 +194,17 @@ def run_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
                    "max_requests": limits.max_requests, "concurrency": limits.concurrency},
         "workload_options": {f.name: str(getattr(options, f.name)) for f in fields(options)},
     }
+    if waits is not None:
+        summary["waits"] = {tier: {"most_expensive": figures.get("most_expensive")}
+                            for tier, figures in waits.get("tiers", {}).items()}
+        (out_dir / "waits.json").write_text(json.dumps(waits, indent=2) + "\n")
     write_results(out_dir, config, summary, records)
     table = markdown(config, summary)
     (out_dir / "summary.md").write_text(table + "\n")
     if not args.no_plots:
         write_plots(out_dir, records, summary)
+        if waits is not None and waits.get("num_requests"):
+            save_png(waits, out_dir / "waits.png")
     print(table)
     print(f"results in {out_dir}", file=sys.stderr)
     return 0 if summary["overall"]["num_ok"] else 1

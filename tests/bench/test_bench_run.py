@@ -238,9 +238,16 @@ def test_a_shared_prefix_run_writes_sane_results(fleet: LocalFleet, tmp_path: Pa
     assert set(summary["tiers"]) == {"interactive", "standard", "batch"}
     assert sum(d["requests"] for d in summary["workers"]["per_worker"].values()) == len(records)
     assert [p["offered_rps"] for p in summary["phases"]] == [6.0, 12.0]
-    for name in ("summary.md", "ttft_cdf.png", "e2e_cdf.png", "throughput.png", "keys.json"):
+    for name in ("summary.md", "ttft_cdf.png", "e2e_cdf.png", "throughput.png", "keys.json",
+                 "waits.json", "waits.png"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert "| **all** |" in (tmp_path / "summary.md").read_text()
+    # The gateway's waits report over the run, as `switchyard waits` gives it.
+    waits = json.loads((tmp_path / "waits.json").read_text())
+    assert waits["num_requests"] >= len(records)
+    assert {"interactive", "standard", "batch"} <= set(summary["waits"])
+    top = summary["waits"]["standard"]["most_expensive"]["wait"]
+    assert top in waits["tiers"]["standard"]["waits"]
 
 
 def test_a_closed_loop_multi_turn_run_sends_turns_in_order(fleet: LocalFleet,
