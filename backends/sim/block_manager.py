@@ -9,9 +9,12 @@ registered hash. Cached free blocks sit in an LRU list and are reused (evicting 
 only when no plain free block is left. A sequence's blocks are freed tail first, so its
 tail is evicted before its head, which more requests share.
 
-The simulator holds no KV data, so a hit is decided by hash equality alone; a real engine
-would also compare the stored tokens to guard against 64-bit collisions. Only prompt
-blocks are hashed: the simulator generates no output token ids to hash.
+The simulator holds no KV data, so by default a hit is decided by hash equality alone. The
+PyTorch engine sets ``check_tokens``: each cached block also keeps its token ids, and a hit
+counts only while they equal the sequence's own tokens, so a 64-bit collision can never
+serve another prefix's KV. The simulator hashes only prompt blocks (it has no output token
+ids); a sequence that records its outputs (`Sequence.append_token`) has its full output
+blocks hashed and cached too.
 
 Every change to the set of cached hashes is recorded, in order, as a ``KvEvent``
 ("stored" / "removed" / "cleared") for the KV-event publisher to drain.
@@ -59,21 +62,25 @@ class BlockManager:
         manager.drain_events()               # [KvEvent("stored", (...)), ...]
     """
 
-    def __init__(self, num_blocks: int, block_size: int, watermark_blocks: int = 0) -> None:
+    def __init__(self, num_blocks: int, block_size: int, watermark_blocks: int = 0, *,
+                 check_tokens: bool = False) -> None:
         if num_blocks < 1 or block_size < 1 or not 0 <= watermark_blocks < num_blocks:
             raise ValueError("need num_blocks >= 1, block_size >= 1, "
                              "0 <= watermark_blocks < num_blocks")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.watermark_blocks = watermark_blocks
+        self.check_tokens = check_tokens
         self._ref_counts = [0] * num_blocks
         self._hash_of_block: list[int | None] = [None] * num_blocks
         self._block_of_hash: dict[int, int] = {}
+        self._tokens_of_block: list[tuple[int, ...] | None] = [None] * num_blocks
         self._free_plain: deque[int] = deque(range(num_blocks))
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # oldest first
         self._events: list[KvEvent] = []
         self.prefix_cache_queries_tokens = 0
         self.prefix_cache_hits_tokens = 0
+        self.num_token_check_misses = 0  # hash hits refused because the tokens differed
 
     # -- figures ------------------------------------------------------------------------
 
@@ -108,20 +115,24 @@ class BlockManager:
 
     # -- admission ----------------------------------------------------------------------
 
-    def _hit_blocks(self, seq: Sequence) -> list[int]:
-        """Cached blocks of the longest cached prefix, leaving at least one token to compute."""
+    def _hit_blocks(self, seq: Sequence) -> tuple[list[int], bool]:
+        """Cached blocks of the longest cached prefix, leaving at least one token to compute,
+        and whether the token check cut it short (a hash hit on different tokens)."""
         limit = min(len(seq.block_hashes), (seq.num_tokens - 1) // self.block_size)
-        hits = []
-        for block_hash in seq.block_hashes[:limit]:
+        hits: list[int] = []
+        for index, block_hash in enumerate(seq.block_hashes[:limit]):
             block_id = self._block_of_hash.get(block_hash)
             if block_id is None:
                 break
+            if self.check_tokens and self._tokens_of_block[block_id] != seq.block_token_ids(
+                    index):
+                return hits, True
             hits.append(block_id)
-        return hits
+        return hits, False
 
     def can_allocate(self, seq: Sequence) -> bool:
         """Whether blocks for all of ``seq``'s current tokens fit, keeping the watermark free."""
-        hits = self._hit_blocks(seq)
+        hits, _ = self._hit_blocks(seq)
         num_taken_from_free = self.num_blocks_for(seq.num_tokens) - len(hits) + sum(
             1 for block_id in hits if self._ref_counts[block_id] == 0)
         return self.num_free_blocks - num_taken_from_free >= self.watermark_blocks
@@ -131,7 +142,8 @@ class BlockManager:
         first. Sets ``num_cached_tokens`` and starts ``num_computed_tokens`` after the hit."""
         if seq.block_table:
             raise RuntimeError(f"{seq.seq_id!r} already holds blocks")
-        hits = self._hit_blocks(seq)
+        hits, is_token_check_miss = self._hit_blocks(seq)
+        self.num_token_check_misses += is_token_check_miss
         for block_id in hits:
             if self._ref_counts[block_id] == 0:
                 del self._free_cached[block_id]
@@ -149,7 +161,7 @@ class BlockManager:
     # -- progress -----------------------------------------------------------------------
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
-        """Register the hashes of ``seq``'s prompt blocks that are now full and computed.
+        """Register the hashes of ``seq``'s hashed blocks that are now full and computed.
 
         A hash another block already holds (the same prefix computed twice concurrently) is
         left to that block; this duplicate stays plain and is freed as such.
@@ -165,6 +177,8 @@ class BlockManager:
                     parent = seq.block_hashes[index - 1]
                 self._block_of_hash[block_hash] = block_id
                 self._hash_of_block[block_id] = block_hash
+                if self.check_tokens:
+                    self._tokens_of_block[block_id] = seq.block_token_ids(index)
                 stored.append(block_hash)
         seq.num_hashed_blocks = max(first, num_full)
         if stored:
@@ -203,6 +217,7 @@ class BlockManager:
             return False
         for block_id in self._free_cached:
             self._hash_of_block[block_id] = None
+            self._tokens_of_block[block_id] = None
             self._free_plain.append(block_id)
         self._free_cached.clear()
         self._block_of_hash.clear()
@@ -220,6 +235,7 @@ class BlockManager:
             assert block_hash is not None
             del self._block_of_hash[block_hash]
             self._hash_of_block[block_id] = None
+            self._tokens_of_block[block_id] = None
             evicted.append(block_hash)
         else:
             raise RuntimeError("no free KV block: call can_allocate / can_append first")

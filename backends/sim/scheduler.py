@@ -12,12 +12,18 @@ Each step, under a token budget of ``max_num_batched_tokens``:
    admitted in a step that preempted.
 
 ``schedule(now_s)`` decides a step; ``complete_step(plan, now_s)`` applies it once the step
-has run: computed tokens advance, finished prefills and decodes each emit one token.
+has run: computed tokens advance, finished prefills and decodes each emit one token. The
+simulator only counts that token; the PyTorch engine passes the ids it sampled
+(``sampled_token_ids``, recorded in each sequence) and the sequences its stop checks ended
+(``finish_reasons``: EOS, a stop token or a stop string). A stop the engine reports wins
+over ``"length"``: the text did end there. The simulated ``stop_after_tokens`` does not
+(length wins ties, as in vLLM).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from backends.sim.block_manager import BlockManager
@@ -61,6 +67,7 @@ class EmittedToken:
     num_output_tokens: int  # including this token
     is_first: bool
     finish_reason: str | None  # "length" / "stop" when this token ends the sequence
+    token_id: int | None = None  # the sampled id, when the engine passed one
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +136,17 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue ``seq``; a ValueError says why one can never be served here."""
-        manager = self.block_manager
         if seq.seq_id in self._seqs:
             raise ValueError(f"sequence id {seq.seq_id!r} is already queued or running")
+        self.check_servable(seq)
+        seq.status = SequenceStatus.WAITING
+        self._seqs[seq.seq_id] = seq
+        self.waiting.append(seq)
+
+    def check_servable(self, seq: Sequence) -> None:
+        """Raise ValueError if ``seq`` can never be served here, whatever the load. Reads only
+        settings, so another thread may call it while a step runs."""
+        manager = self.block_manager
         if seq.block_size != manager.block_size:
             raise ValueError(f"sequence {seq.seq_id!r} was hashed with block_size "
                              f"{seq.block_size}, this worker uses {manager.block_size}")
@@ -148,9 +163,6 @@ class Scheduler:
                 f"{manager.num_blocks_for(seq.num_max_tokens)} KV blocks; this worker's cache "
                 f"has {num_usable_blocks} usable blocks ({num_usable_blocks * manager.block_size}"
                 f" tokens); shorten the prompt or lower max_tokens")
-        seq.status = SequenceStatus.WAITING
-        self._seqs[seq.seq_id] = seq
-        self.waiting.append(seq)
 
     def abort(self, seq_id: str) -> bool:
         """Drop a sequence wherever it is and free its blocks; False if it is unknown."""
@@ -224,8 +236,28 @@ class Scheduler:
             num_kv_tokens_attended=num_kv_tokens,
         )
 
-    def complete_step(self, plan: StepPlan, now_s: float) -> StepOutcome:
-        """Apply a finished step. Sequences aborted while it ran are skipped."""
+    def emitting_ids(self, plan: StepPlan) -> list[str]:
+        """The sequences that emit a token when ``plan`` completes, in `complete_step` order:
+        every decode, and each prefill chunk that reaches the end of its sequence."""
+        ids = list(plan.decode_ids)
+        for chunk in plan.prefills:
+            seq = self._seqs.get(chunk.seq_id)
+            if seq is not None and chunk.num_context_tokens == seq.num_tokens:
+                ids.append(chunk.seq_id)
+        return ids
+
+    def complete_step(
+        self,
+        plan: StepPlan,
+        now_s: float,
+        sampled_token_ids: Mapping[str, int] | None = None,
+        finish_reasons: Mapping[str, str] | None = None,
+    ) -> StepOutcome:
+        """Apply a finished step. Sequences aborted while it ran are skipped.
+
+        With ``sampled_token_ids`` every emitting sequence (`emitting_ids`) records its id;
+        ``finish_reasons`` ends the sequences the engine's stop checks ended.
+        """
         advances = [(seq_id, 1) for seq_id in plan.decode_ids]
         advances += [(chunk.seq_id, chunk.num_tokens) for chunk in plan.prefills]
         tokens: list[EmittedToken] = []
@@ -236,7 +268,14 @@ class Scheduler:
             seq.num_computed_tokens += num_tokens
             self.block_manager.cache_computed_blocks(seq)
             if seq.num_uncomputed_tokens == 0:
-                tokens.append(self._emit(seq, now_s))
+                token_id = None
+                if sampled_token_ids is not None:
+                    if seq_id not in sampled_token_ids:
+                        raise ValueError(f"sequence {seq_id!r} emits a token this step but "
+                                         "sampled_token_ids has none for it")
+                    token_id = sampled_token_ids[seq_id]
+                reason = finish_reasons.get(seq_id) if finish_reasons is not None else None
+                tokens.append(self._emit(seq, now_s, token_id, reason))
         return StepOutcome(tuple(tokens))
 
     def _chunk(self, seq: Sequence, budget_tokens: int) -> PrefillChunk:
@@ -252,12 +291,16 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def _emit(self, seq: Sequence, now_s: float) -> EmittedToken:
-        seq.num_output_tokens += 1
+    def _emit(self, seq: Sequence, now_s: float, token_id: int | None,
+              engine_finish_reason: str | None) -> EmittedToken:
+        if token_id is None:
+            seq.num_output_tokens += 1
+        else:
+            seq.append_token(token_id)
         is_first = seq.first_token_time_s is None
         if is_first:
             seq.first_token_time_s = now_s
-        finish_reason = seq.finish_reason_now()
+        finish_reason = engine_finish_reason or seq.finish_reason_now()
         if finish_reason is not None:
             seq.status = SequenceStatus.FINISHED
             seq.finish_time_s = now_s
@@ -265,4 +308,5 @@ class Scheduler:
             self.running.remove(seq)
             self.block_manager.deallocate(seq)
             del self._seqs[seq.seq_id]
-        return EmittedToken(seq.seq_id, seq.num_output_tokens, is_first, finish_reason)
+        return EmittedToken(seq.seq_id, seq.num_output_tokens, is_first, finish_reason,
+                            token_id)

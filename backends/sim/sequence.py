@@ -4,6 +4,11 @@ Progress follows vLLM's unified model: a sequence has ``num_tokens`` tokens (pro
 outputs so far) of which ``num_computed_tokens`` have KV in the cache. A step computes some
 of the rest; once all are computed the step also samples one new output token. A decode is
 the case where exactly one token (the last output) is left to compute.
+
+The simulator only counts output tokens. The PyTorch engine also records their ids
+(`append_token`): then ``token_ids`` is the whole sequence, a preempted sequence can be
+recomputed, and every full block, output blocks included, gets its chained hash, so a later
+turn of a conversation (prompt = this prompt + this answer + more) reuses the answer's KV.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ class Sequence:
 
     ``stop_after_tokens`` makes the simulated model emit end-of-sequence after that many
     output tokens (finish reason ``"stop"``); otherwise it runs to ``max_tokens``
-    (``"length"``). Prompt block hashes come from ``routing.prefix``, computed once.
+    (``"length"``). Prompt block hashes come from ``routing.prefix``, computed once; output
+    blocks are hashed as `append_token` fills them.
 
     Example::
 
@@ -34,6 +40,8 @@ class Sequence:
                        model="llama-3-8b", block_size=2)
         len(seq.block_hashes)   # 2 full blocks
         seq.num_uncomputed_tokens  # 5
+        seq.append_token(42)       # a real engine records the sampled id: 6 tokens, 3 blocks
+        seq.token_ids              # [1, 2, 3, 4, 5, 42]
     """
 
     def __init__(
@@ -60,8 +68,11 @@ class Sequence:
         self.stop_after_tokens = stop_after_tokens
         self.arrival_time_s = arrival_time_s
         self.block_size = block_size
+        self.model = model
+        self.cache_salt = cache_salt
         self.block_hashes: tuple[int, ...] = tuple(
             token_block_hashes(self.prompt_token_ids, block_size, model, cache_salt))
+        self.output_token_ids: list[int] = []  # empty in the simulator, which counts only
 
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
@@ -79,6 +90,40 @@ class Sequence:
         return (f"Sequence({self.seq_id!r}, {self.status.value}, "
                 f"computed={self.num_computed_tokens}/{self.num_tokens}, "
                 f"out={self.num_output_tokens}/{self.max_tokens})")
+
+    def append_token(self, token_id: int) -> None:
+        """Record a sampled output token; hash the block it fills, if it fills one."""
+        if len(self.output_token_ids) != self.num_output_tokens:
+            raise RuntimeError(f"sequence {self.seq_id!r} counted output tokens without their "
+                               "ids; append_token must record every output token")
+        self.output_token_ids.append(token_id)
+        self.num_output_tokens += 1
+        num_full_blocks = self.num_tokens // self.block_size
+        if num_full_blocks == len(self.block_hashes) + 1:
+            parent = self.block_hashes[-1] if self.block_hashes else None
+            (block_hash,) = token_block_hashes(
+                self.block_token_ids(num_full_blocks - 1), self.block_size, self.model,
+                self.cache_salt, parent=parent)
+            self.block_hashes += (block_hash,)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt and output token ids (the outputs only when `append_token` recorded them)."""
+        return [*self.prompt_token_ids, *self.output_token_ids]
+
+    def block_token_ids(self, block_index: int) -> tuple[int, ...]:
+        """The token ids of block ``block_index`` (a trailing partial block is shorter)."""
+        start = block_index * self.block_size
+        stop = start + self.block_size
+        prompt = self.prompt_token_ids
+        if stop <= len(prompt):
+            return prompt[start:stop]
+        outputs = self.output_token_ids[max(0, start - len(prompt)):stop - len(prompt)]
+        return (*prompt[start:stop], *outputs)
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
 
     @property
     def num_prompt_tokens(self) -> int:
