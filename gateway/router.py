@@ -25,9 +25,10 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from admission.headroom import backend_free_slots
 from backends.registry import Backend, BackendRegistry
 from backends.tokenizer import Tokenizer
 from routing.index_approx import ApproxPrefixIndex
@@ -47,6 +48,10 @@ class RoutePlan:
     reserved_tokens: int
     snapshot: FleetSnapshot | None = None  # what the routing decision saw
     pending_prefill_tokens: int = 0  # what the chosen backend must prefill (set by started)
+    # Set by SLO admission: the request was admitted to start now, so it goes to a backend
+    # with a free batch slot when one exists, not into a full one's queue (overload waits in
+    # the gateway, where it is ordered, not in a worker's FIFO).
+    needs_free_slot: bool = False
 
 
 class _SegmentCache:
@@ -171,8 +176,8 @@ class Router:
         if snapshot is None or now_s - snapshot.now_s > 0.002:
             snapshot = self.snapshot(request, now_s)
             plan.snapshot = snapshot
-        ranked = schedule(request, snapshot, self.profile, now_s, self._rng,
-                          max_ranked=max_ranked)
+        ranked = schedule(request, _with_free_slots(snapshot) if plan.needs_free_slot
+                          else snapshot, self.profile, now_s, self._rng, max_ranked=max_ranked)
         by_name = {b.name: b for b in pool}
         if log.isEnabledFor(logging.DEBUG) and ranked:
             best = ranked[0]
@@ -214,6 +219,18 @@ class Router:
         backend.num_finished_since_load += 1
         if not had_first_token:
             backend.num_in_flight_prompt_tokens -= plan.pending_prefill_tokens
+
+
+def _with_free_slots(snapshot: FleetSnapshot) -> FleetSnapshot:
+    """The snapshot without the backends whose batch is full, unless that leaves none (a
+    backend that does not advertise ``max_batch`` counts as having room)."""
+    backends = snapshot.backends
+    roomy = tuple(b for b in backends
+                  if (free := backend_free_slots(b, max_age_s=snapshot.max_age_s)) is None
+                  or free > 0)
+    if not roomy or len(roomy) == len(backends):
+        return snapshot
+    return replace(snapshot, backends=roomy)
 
 
 def _prompt_text(body: dict[str, Any]) -> str:

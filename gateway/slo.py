@@ -83,6 +83,7 @@ class SloAdmission:
         """Return when the request may go upstream; raise APIError 503 when it may not."""
         if not self.is_enabled:
             return
+        plan.needs_free_slot = True
         now_s = time.monotonic()
         snapshot = self.router.snapshot(plan.request, now_s)
         if not any(b.is_healthy for b in snapshot.backends):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from typing import Any
 
 import pytest
@@ -150,3 +151,29 @@ async def test_dispatcher_holds_the_last_slot_for_interactive(
     worker.load_observed_s = loop.time()
     assert slo.dispatch(loop.time()) == 1
     await asyncio.wait_for(admitted, 1.0)
+
+
+def test_an_admitted_request_goes_to_a_backend_with_a_free_slot() -> None:
+    """prefix_affinity would pick the backend holding the prefix; admitted to start now, the
+    request goes to the one with a free batch slot instead of queueing in the full one."""
+    full = Backend(name="warm", url="http://127.0.0.1:9", models=frozenset({"m"}),
+                   profile=BackendProfile(max_batch=2), num_running=2)
+    idle = Backend(name="cold", url="http://127.0.0.1:9", models=frozenset({"m"}),
+                   profile=BackendProfile(max_batch=2))
+    router = Router(BackendRegistry([full, idle]), profile_by_name("prefix_affinity"),
+                    ExactPrefixIndex(block_size=16), ApproxPrefixIndex(), {}, seed=1)
+    for backend in (full, idle):
+        backend.load_observed_s = time.monotonic()  # the router's clock
+    body = {"messages": [{"role": "user", "content": "a long shared system prompt " * 40}]}
+    warm_up = router.describe("m", body, "t")
+    router.started(full, warm_up)  # the approximate index now says "warm" holds the prefix
+    router.finished(full, warm_up, had_first_token=True)
+    full.num_running, full.num_finished_since_load = 2, 0  # a fresh heartbeat: full
+    assert router.rank(router.describe("m", body, "t"))[0][0] is full  # affinity alone
+    plan = router.describe("m", body, "t")
+    plan.needs_free_slot = True
+    assert router.rank(plan)[0][0] is idle
+    idle.num_running = 2  # both full: no filtering, affinity decides again
+    plan = router.describe("m", body, "t")
+    plan.needs_free_slot = True
+    assert router.rank(plan)[0][0] is full
