@@ -1,4 +1,5 @@
-"""The `switchyard` command: serve, config check, up, tenants, keys, waits, mock-engine."""
+"""The `switchyard` command: serve, config check, up, tenants, keys, waits, mock-engine, sim,
+worker, bench."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("mock-engine", help="run the placeholder OpenAI-compatible engine",
                    add_help=False)
     sub.add_parser("sim", help="run simulated GPU engine workers", add_help=False)
+    sub.add_parser("worker", help="serve a model with the bundled PyTorch engine",
+                   add_help=False)
     sub.add_parser("bench", help="benchmarks: 'bench run' drives load and reports",
                    add_help=False)
     return parser
@@ -44,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         from backends.sim.cli import main as sim_main
 
         return sim_main(argv[1:])
+    if argv and argv[0] == "worker":
+        # Imported only here: the PyTorch worker needs torch, which the gateway never loads.
+        from backends.worker.cli import main as worker_main
+
+        return worker_main(argv[1:])
     if argv and argv[0] == "bench":
         from bench.run.cli import main as bench_main
 

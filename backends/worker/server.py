@@ -1,0 +1,277 @@
+"""The HTTP surface of the PyTorch worker: the endpoints of a vLLM OpenAI server.
+
+``/v1/chat/completions`` and ``/v1/completions`` (stream and not, ``usage`` with
+``prompt_tokens_details.cached_tokens``), ``/v1/models``, ``/health``, ``/metrics`` with vLLM's
+names (`backends.worker.metrics`), ``/worker/profile`` and ``POST /reset_prefix_cache``. The
+shell is the simulated worker's (``backends/sim/server.py``): the same errors, SSE framing and
+tracing spans (engine_queue, prefill, decode under the caller's ``traceparent``).
+
+Requests beyond the batch queue in the engine. Serve with ``handler_cancellation=True``
+(`start_server` does): a client that goes away cancels its handler, which aborts the sequence
+and frees its KV before the engine's next step.
+
+Example::
+
+    app = create_app(AsyncEngine(LLMEngine.from_path()), model_name="SmolLM2-135M-Instruct")
+    runner = await start_server(app, "127.0.0.1", 8000)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import orjson
+from aiohttp import web
+
+from backends.publisher import KvPublisher
+from backends.sim.server import DONE_EVENT, SSE_HEADERS, _error, _trace, tracer
+from backends.worker.async_engine import AsyncEngine, RequestHandle
+from backends.worker.metrics import CONTENT_TYPE, WorkerMetrics
+from backends.worker.request import RequestError, WorkerRequest, parse_request
+
+
+@dataclass(slots=True)
+class WorkerService:
+    """What the handlers share: the engine, the model's name, the advertised profile."""
+
+    engine: AsyncEngine
+    model_name: str
+    profile: Mapping[str, Any]
+    publisher: KvPublisher | None = None
+    metrics: WorkerMetrics = field(init=False)
+    tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.metrics = WorkerMetrics(self.model_name)
+
+    @property
+    def max_context_tokens(self) -> int:
+        return self.engine.engine.scheduler.max_context_tokens
+
+    async def leave_fleet(self) -> None:
+        """Stop heartbeating and withdraw from Redis, so gateways stop sending work."""
+        task = self.tasks.pop("publisher", None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.publisher is not None:
+            await self.publisher.withdraw()
+            self.publisher = None
+
+
+WORKER = web.AppKey("worker", WorkerService)
+
+
+def create_app(engine: AsyncEngine, *, model_name: str,
+               profile: Mapping[str, Any] | None = None) -> web.Application:
+    """The worker's app; its cleanup context runs the engine loop and, when the engine has a
+    publisher, the heartbeats to Redis."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[WORKER] = WorkerService(engine, model_name, dict(profile or {}), engine.publisher)
+    tracer()  # a bad OTEL_* setting fails at start, not on the first request
+    app.cleanup_ctx.append(_run_engine)
+    app.on_shutdown.append(_on_shutdown)
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/worker/profile", _profile)
+    app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)
+    return app
+
+
+async def start_server(app: web.Application, host: str, port: int, *,
+                       shutdown_timeout_s: float = 10.0) -> web.AppRunner:
+    """Listen on ``host:port``; ``await runner.cleanup()`` leaves the fleet, lets running
+    requests finish (up to ``shutdown_timeout_s``), then stops the engine."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=shutdown_timeout_s)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, reuse_address=True).start()
+    return runner
+
+
+async def _run_engine(app: web.Application) -> AsyncIterator[None]:
+    worker = app[WORKER]
+    engine = worker.engine
+    worker.tasks["engine"] = asyncio.create_task(engine.run(), name=f"{engine.worker_id}-engine")
+    if worker.publisher is not None:
+        worker.tasks["publisher"] = asyncio.create_task(
+            worker.publisher.run(engine.load, engine.resident_hashes),
+            name=f"{engine.worker_id}-publisher")
+    yield
+    await worker.leave_fleet()
+    for task in worker.tasks.values():
+        task.cancel()
+    for task in worker.tasks.values():
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    # Before the running requests are drained, so no gateway sends more meanwhile.
+    await app[WORKER].leave_fleet()
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    return await _serve(request, is_chat=True)
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    return await _serve(request, is_chat=False)
+
+
+async def _serve(request: web.Request, *, is_chat: bool) -> web.StreamResponse:
+    worker = request.app[WORKER]
+    engine = worker.engine
+    started_ns = time.time_ns()
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        return _error(400, f"The request body is not valid JSON: {exc}")
+    try:
+        parsed = parse_request(body, is_chat=is_chat, models=(worker.model_name,),
+                               tokenizer=engine.engine.tokenizer,
+                               max_context_tokens=worker.max_context_tokens)
+    except RequestError as exc:
+        return _error(exc.status, exc.message, exc.param, exc.code)
+    request_id = request.headers.get("x-request-id") or os.urandom(8).hex()
+    seq_id = f"{request_id}-{os.urandom(4).hex()}"
+    try:
+        handle = engine.submit(seq_id, parsed.prompt_ids, parsed.sampling, parsed.cache_salt)
+    except ValueError as exc:
+        return _error(400, f"{exc}.", "messages" if is_chat else "prompt")
+    completion_id = ("chatcmpl-" if is_chat else "cmpl-") + os.urandom(12).hex()
+    try:
+        if parsed.is_stream:
+            return await _stream(request, parsed, handle, completion_id)
+        try:
+            _, text = await handle.wait_finished()
+        except Exception as exc:
+            return _error(500, f"The engine failed while generating ({exc}); retry the "
+                          "request.")
+        return web.Response(body=_full_body(parsed, handle, text, completion_id),
+                            content_type="application/json")
+    finally:
+        engine.abort(seq_id)  # no-op once finished; frees the KV when the client went away
+        worker.metrics.observe(handle.phases())
+        if (spans := tracer()) is not None:
+            # The simulator's spans; they read only phases() and finish_reason of the handle.
+            _trace(spans, request, parsed, cast(Any, handle), engine.worker_id, started_ns)
+
+
+def _usage(handle: RequestHandle) -> dict[str, Any]:
+    return {
+        "prompt_tokens": handle.num_prompt_tokens,
+        "completion_tokens": handle.num_output_tokens,
+        "total_tokens": handle.num_prompt_tokens + handle.num_output_tokens,
+        "prompt_tokens_details": {"cached_tokens": handle.num_cached_tokens},
+    }
+
+
+def _full_body(parsed: WorkerRequest, handle: RequestHandle, text: str,
+               completion_id: str) -> bytes:
+    choice: dict[str, Any] = (
+        {"index": 0, "message": {"role": "assistant", "content": text}} if parsed.is_chat
+        else {"index": 0, "text": text}
+    )
+    choice |= {"logprobs": None, "finish_reason": handle.finish_reason,
+               "stop_reason": handle.stop_reason}
+    return orjson.dumps({
+        "id": completion_id,
+        "object": "chat.completion" if parsed.is_chat else "text_completion",
+        "created": int(time.time()),
+        "model": parsed.model,
+        "choices": [choice],
+        "usage": _usage(handle),
+    })
+
+
+async def _stream(request: web.Request, parsed: WorkerRequest, handle: RequestHandle,
+                  completion_id: str) -> web.StreamResponse:
+    out = web.StreamResponse(headers=SSE_HEADERS)
+    await out.prepare(request)
+    head = {
+        "id": completion_id,
+        "object": "chat.completion.chunk" if parsed.is_chat else "text_completion",
+        "created": int(time.time()),
+        "model": parsed.model,
+    }
+    usage_field = {"usage": None} if parsed.is_usage_streamed else {}
+
+    def event(delta: Any, finish_reason: str | None = None, **extra: Any) -> bytes:
+        choice = {"index": 0, ("delta" if parsed.is_chat else "text"): delta,
+                  "logprobs": None, "finish_reason": finish_reason, **extra}
+        return b"data: " + orjson.dumps({**head, "choices": [choice], **usage_field}) + b"\n\n"
+
+    is_finished = False
+    while not is_finished:
+        parts: list[bytes] = []
+        try:
+            outputs = await handle.next_outputs()
+        except Exception as exc:
+            error = {"message": f"The engine failed while generating ({exc}); retry the "
+                     "request.", "type": "server_error", "param": None, "code": None}
+            await out.write(b"data: " + orjson.dumps({"error": error}) + b"\n\n" + DONE_EVENT)
+            break
+        for output in outputs:
+            if parsed.is_chat and output.is_first:  # with the first token: it times TTFT
+                parts.append(event({"role": "assistant", "content": ""}))
+            if output.text_delta:
+                parts.append(event({"content": output.text_delta} if parsed.is_chat
+                                   else output.text_delta))
+            if output.finish_reason is not None:
+                is_finished = True
+                parts.append(event({} if parsed.is_chat else "", output.finish_reason,
+                                   stop_reason=output.stop_reason))
+                if parsed.is_usage_streamed:
+                    tail: dict[str, Any] = {**head, "choices": [], "usage": _usage(handle)}
+                    parts.append(b"data: " + orjson.dumps(tail) + b"\n\n")
+                parts.append(DONE_EVENT)
+        if parts:
+            await out.write(b"".join(parts))  # outputs that piled up go in one write
+    await out.write_eof()
+    return out
+
+
+async def _models(request: web.Request) -> web.Response:
+    worker = request.app[WORKER]
+    data = [{"id": worker.model_name, "object": "model", "created": 0, "owned_by": "switchyard",
+             "root": worker.model_name, "max_model_len": worker.max_context_tokens}]
+    return web.Response(body=orjson.dumps({"object": "list", "data": data}),
+                        content_type="application/json")
+
+
+async def _health(request: web.Request) -> web.Response:
+    task = request.app[WORKER].tasks.get("engine")
+    if task is None or task.done():
+        return _error(503, "The engine loop is not running; restart the worker.")
+    return web.Response(body=b'{"status":"ok"}', content_type="application/json")
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    worker = request.app[WORKER]
+    return web.Response(body=worker.metrics.render(worker.engine),
+                        headers={"Content-Type": CONTENT_TYPE})
+
+
+async def _profile(request: web.Request) -> web.Response:
+    worker = request.app[WORKER]
+    engine = worker.engine
+    body = {"worker_id": engine.worker_id, "profile": worker.profile, "load": engine.load(),
+            "num_steps": engine.num_steps}
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+async def _reset_prefix_cache(request: web.Request) -> web.Response:
+    if not await request.app[WORKER].engine.reset_prefix_cache():
+        return _error(409, "Requests are holding KV blocks; retry when the worker is idle.")
+    return web.Response(body=b'{"reset":true}', content_type="application/json")
