@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import io
 import json
 import re
@@ -25,6 +24,7 @@ from typing import Any
 import yaml
 
 from backends.sim import cli as sim_cli
+from backends.worker import cli as worker_cli
 from gateway import cli as gateway_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,12 +34,9 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "switchyard.json"
 K8S = DEPLOY / "k8s"
 OVERLAYS = ("dev", "prod")
 
-# TODO(worker CLI): `switchyard worker` (backends/worker) is being written in parallel. Until it
-# lands, these compose services are not started natively by test_compose_native.py, and worker
-# command lines are checked against the interface agreed for it (WORKER_INTERFACE below) unless
-# `backends.worker.cli.build_parser` already exists. When the worker CLI is in: empty this
-# tuple, start the worker natively like the simulated workers, and delete WORKER_INTERFACE.
-NOT_YET_STARTED_NATIVELY: tuple[str, ...] = ("pytorch-worker", "pytorch-worker-gpu")
+# Services test_compose_native.py does not start: the CUDA worker needs a GPU (its command is
+# still parsed with the real CLI, like every other).
+NOT_STARTED_NATIVELY: tuple[str, ...] = ("pytorch-worker-gpu",)
 
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}")
 
@@ -104,17 +101,6 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str], what: str) -> argpa
         raise AssertionError(f"{what} rejects {argv}: {stderr.getvalue().strip()}") from None
 
 
-# The interface agreed for `switchyard worker` (TODO(worker CLI): delete with the hook above).
-def _worker_interface() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="switchyard worker (agreed interface)")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--device", choices=("cpu", "cuda", "auto"), required=True)
-    parser.add_argument("--host")
-    parser.add_argument("--port", type=int)
-    parser.add_argument("--redis-url")
-    return parser
-
-
 def parse_switchyard(argv: list[str]) -> argparse.Namespace:
     """Parse ``switchyard <argv>`` with the parser the real command uses; AssertionError if not."""
     assert argv, "an empty command"
@@ -123,13 +109,7 @@ def parse_switchyard(argv: list[str]) -> argparse.Namespace:
         sim_cli.config_from_args(args)  # the values too (a profile field out of range, ...)
         return args
     if argv[0] == "worker":
-        try:
-            worker_cli = importlib.import_module("backends.worker.cli")
-        except ModuleNotFoundError:
-            worker_cli = None
-        if worker_cli is not None and hasattr(worker_cli, "build_parser"):
-            return _parse(worker_cli.build_parser(), argv[1:], "switchyard worker")
-        return _parse(_worker_interface(), argv[1:], "switchyard worker (agreed interface)")
+        return _parse(worker_cli.build_parser(), argv[1:], "switchyard worker")
     return _parse(gateway_cli.build_parser(), argv, "switchyard")
 
 

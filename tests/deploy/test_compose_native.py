@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -30,7 +31,7 @@ from gateway.localproc import (
     wait_http,
 )
 from tests.deploy.manifests import (
-    NOT_YET_STARTED_NATIVELY,
+    NOT_STARTED_NATIVELY,
     ROOT,
     dashboard_metric_names,
     environment,
@@ -46,6 +47,8 @@ THIRD_PARTY = ("nginx", "otel-collector", "jaeger", "prometheus", "grafana")
 COMPOSE = load_compose()
 SERVICES = COMPOSE["services"]
 SIMS = sorted(n for n, s in SERVICES.items() if s.get("command", [None])[0] == "sim")
+WORKERS = sorted(n for n, s in SERVICES.items() if s.get("command", [None])[0] == "worker"
+                 and n not in NOT_STARTED_NATIVELY)
 
 
 @dataclass
@@ -56,6 +59,7 @@ class NativeFleet:
     addresses: dict[str, str] = field(default_factory=dict)  # "service:port" -> "127.0.0.1:port"
     gateway_urls: list[str] = field(default_factory=list)
     sim_urls: list[str] = field(default_factory=list)
+    worker_urls: list[str] = field(default_factory=list)
     init_outputs: list[str] = field(default_factory=list)
 
     def rewrite(self, text: str) -> str:
@@ -134,6 +138,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NativeFleet]:
             group.spawn(name, python_module_argv("gateway", *native.native_command(name)),
                         env=native.native_env(name))
             native.sim_urls += [f"http://127.0.0.1:{native_base + i}" for i in range(count)]
+        for name in WORKERS:  # the PyTorch worker, on the CPU as compose runs it by default
+            port = option(SERVICES[name]["command"], "--port")
+            native.addresses[f"{name}:{port}"] = f"127.0.0.1:{free_port()}"
+            group.spawn(name, python_module_argv("gateway", *native.native_command(name)),
+                        env=native.native_env(name))
+            native.worker_urls.append(f"http://{native.addresses[f'{name}:{port}']}")
         gateway = SERVICES["gateway"]
         # The mounted configuration, with its addresses (redis:6379) rewritten like the rest.
         config = workdir / "switchyard.yaml"
@@ -153,6 +163,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NativeFleet]:
         native.addresses["gateway:8080"] = native.gateway_urls[0].split("//")[1]
         for url in native.sim_urls:
             wait_http(f"{url}/health", timeout_s=30, group=group)
+        for url in native.worker_urls:  # loads the model and times a prefill first
+            wait_http(f"{url}/health", timeout_s=90, group=group)
         for url in native.gateway_urls:
             wait_http(f"{url}/readyz", timeout_s=30, group=group)
         native.run_init()  # compose runs it once the proxy is healthy
@@ -160,11 +172,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NativeFleet]:
 
 
 def test_every_service_is_started_natively_or_accounted_for() -> None:
-    started = {"redis", "gateway", "demo-init", *SIMS}
-    assert set(SERVICES) == started | set(THIRD_PARTY) | set(NOT_YET_STARTED_NATIVELY)
-    assert not started & (set(THIRD_PARTY) | set(NOT_YET_STARTED_NATIVELY))
-    workers = {n for n, s in SERVICES.items() if s.get("command", [None])[0] == "worker"}
-    assert set(NOT_YET_STARTED_NATIVELY) <= workers, "the TODO hook covers the PyTorch worker only"
+    started = {"redis", "gateway", "demo-init", *SIMS, *WORKERS}
+    assert WORKERS == ["pytorch-worker"]
+    assert set(SERVICES) == started | set(THIRD_PARTY) | set(NOT_STARTED_NATIVELY)
+    assert not started & (set(THIRD_PARTY) | set(NOT_STARTED_NATIVELY))
+    for name in NOT_STARTED_NATIVELY:  # only the CUDA worker, behind the `gpu` profile
+        assert SERVICES[name]["profiles"] == ["gpu"]
+        assert option(SERVICES[name]["command"], "--device") == "cuda"
     assert not any(SERVICES[name]["image"].startswith("switchyard-") for name in THIRD_PARTY), (
         "a switchyard service must be started natively")
 
@@ -196,7 +210,8 @@ def test_every_simulated_worker_joins_through_its_heartbeat(fleet: NativeFleet) 
         return {b["url"] for b in response.json()["data"]
                 if b["source"] == "heartbeat" and b["is_healthy"]}
 
-    assert wait_until(lambda: joined() == set(fleet.sim_urls), timeout_s=10), joined()
+    expected = {*fleet.sim_urls, *fleet.worker_urls}
+    assert wait_until(lambda: joined() == expected, timeout_s=10), joined()
 
 
 def test_dashboard_metrics_are_exported(fleet: NativeFleet) -> None:
@@ -229,3 +244,27 @@ def test_image_health_check_script(fleet: NativeFleet) -> None:
     assert check({"HEALTHCHECK_URL": f"http://127.0.0.1:{free_port()}/healthz"}) == 1
     assert check({"HEALTHCHECK_URL": f"{fleet.gateway_urls[0]}/no-such-path"}) == 1
     parse_switchyard(SERVICES[SIMS[0]]["command"])
+
+
+def test_the_pytorch_worker_joins_and_serves_through_the_gateway(fleet: NativeFleet) -> None:
+    """The compose file's `switchyard worker` (the bundled SmolLM2 on the CPU) joins through its
+    heartbeat, and the demo key gets an answer from the real model through a gateway."""
+    admin_token = environment(SERVICES["gateway"])["SWITCHYARD_ADMIN_TOKEN"]
+    headers = {"Authorization": f"Bearer {admin_token}"}
+
+    def joined() -> dict[str, Any]:
+        response = httpx.get(f"{fleet.gateway_urls[0]}/admin/fleet", timeout=5, headers=headers)
+        return {b["url"]: b for b in response.json()["data"] if b["url"] in fleet.worker_urls}
+
+    assert wait_until(lambda: len(joined()) == len(fleet.worker_urls), timeout_s=15), joined()
+    (worker,) = joined().values()
+    assert worker["is_healthy"] and worker["source"] == "heartbeat"
+    key = demo_key(fleet.init_outputs[0])
+    response = httpx.post(f"{fleet.gateway_urls[-1]}/v1/chat/completions", timeout=60,
+                          headers={"Authorization": f"Bearer {key}"},
+                          json={"model": worker["models"][0], "max_tokens": 4, "temperature": 0,
+                                "messages": [{"role": "user", "content": "Say hi."}]})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == worker["models"][0] and body["usage"]["completion_tokens"] >= 1
+    assert body["choices"][0]["message"]["content"]
