@@ -15,6 +15,8 @@ fi
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || missing+=(redis-server)
+# tests/deploy validates deploy/docker-compose.yml with it (no Docker engine needed).
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 [ -x .venv/bin/python ] || "$PY" -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]} with apt-get" >&2

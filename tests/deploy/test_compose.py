@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,6 +54,24 @@ def test_top_level_and_service_keys_are_compose_keys() -> None:
         assert not unknown, f"service {name}: unknown keys {unknown}"
         assert "image" in service, f"service {name}: name its image"
         assert service.get("restart", "no") in ("no", "always", "on-failure", "unless-stopped")
+
+
+def test_docker_compose_validates_the_file(tmp_path: Path) -> None:
+    """Debian's docker-compose (1.29, scripts/setup.sh installs it) checks the file against its
+    compose schema, interpolation included. It predates the top-level ``name`` key, so that key
+    is checked here and left out of its copy, which stays next to the original (relative paths
+    resolve the same)."""
+    assert re.fullmatch(r"[a-z0-9][a-z0-9_-]*", COMPOSE["name"])
+    raw = yaml.safe_load(COMPOSE_FILE.read_text())
+    del raw["name"]
+    copy = DEPLOY / f".compose-check-{tmp_path.name}.yml"
+    copy.write_text(yaml.safe_dump(raw, sort_keys=False))
+    try:
+        result = subprocess.run(["docker-compose", "-f", str(copy), "config", "-q"],
+                                capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        copy.unlink()
+    assert result.returncode == 0, result.stderr
 
 
 def test_the_fleet_the_issue_asks_for() -> None:
