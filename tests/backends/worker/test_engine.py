@@ -3,8 +3,6 @@ however the engine batches, chunks, caches or preempts, and every block comes ba
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -20,12 +18,7 @@ from tests.backends.worker.engine_support import make_engine, prompt
 GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch
 
 from backends.worker.engine import LLMEngine
 from backends.worker.model import LlamaModel
@@ -17,12 +15,7 @@ from tests.backends.worker.engine_support import CharTokenizer, make_engine, pro
 PROMPT = prompt(5, 7)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

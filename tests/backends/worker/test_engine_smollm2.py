@@ -4,8 +4,6 @@ float64 reference in test_real_model.py); the int8 KV cache stays close. Single-
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -19,12 +17,7 @@ NUM_TOKENS = 16
 SYSTEM = {"role": "system", "content": "You are a terse assistant. Answer in a few words."}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ import orjson
 import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
-import torch
 from aiohttp import web
 
 from backends.publisher import (
@@ -98,12 +97,7 @@ class ServerThread:
         return values
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
