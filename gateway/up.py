@@ -27,6 +27,7 @@ from gateway.localproc import (
 
 SIM_MODEL = "switchyard-sim"
 MOCK_MODEL = "switchyard-mock"
+WORKER_MODEL = "SmolLM2-135M-Instruct"  # what `switchyard worker` serves by default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sim engines: the model's real tokenizer or a fast approximation")
     parser.add_argument("--token-delay-ms", type=float, default=20.0,
                         help="mock engines: time per output token")
+    parser.add_argument("--pytorch-workers", type=int, default=0, metavar="N",
+                        help="also run N bundled PyTorch workers (`switchyard worker`, the real "
+                        f"{WORKER_MODEL} on the CPU), joining through Redis")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,9 +61,14 @@ def run(args: argparse.Namespace) -> int:
     with ProcessGroup(log_dir=workdir) as group:
         redis_url = args.redis_url or start_redis(group, workdir)
         model = args.model or (SIM_MODEL if args.engine == "sim" else MOCK_MODEL)
+        if args.workers < 0 or args.pytorch_workers < 0:
+            raise SystemExit("switchyard up: --workers and --pytorch-workers must be >= 0")
         urls = _start_engines(group, args, model, redis_url)
+        worker_urls = _start_pytorch_workers(group, args.pytorch_workers, redis_url)
         for url in urls:
             wait_http(f"{url}/health", group=group)
+        for url in worker_urls:  # loads the model and times a prefill first
+            wait_http(f"{url}/health", group=group, timeout_s=180)
         # Simulated workers join through their Redis heartbeats (no list needed); the mock
         # engines, like any engine switchyard did not start, are listed.
         backends = [] if args.engine == "sim" else [
@@ -72,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
             "admin_token": admin_token,
             "key_secret": secrets.token_urlsafe(32),
             "backends": backends,
-            "routing": {"tokenizers": {model: args.tokenizer} if args.engine == "sim" else {}},
+            "routing": {"tokenizers": {
+                **({model: args.tokenizer} if args.engine == "sim" else {}),
+                **({WORKER_MODEL: "real"} if worker_urls else {})}},
             "drain_timeout_s": 10,
         }
         config_path = workdir / "switchyard.yaml"
@@ -84,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
         wait_http(base + "/readyz", group=group)
         key = _demo_key(base, admin_token)
         _print_banner(base, key, model, admin_token, workdir)
+        if worker_urls:
+            print(f"  {len(worker_urls)} PyTorch worker(s) serve the real model too: "
+                  f'"model": "{WORKER_MODEL}"\n', flush=True)
         while not stop_requested:
             if dead := group.dead_child(is_clean_exit_ok=False):
                 print(f"\n{dead} stopped unexpectedly; logs in {workdir}. Shutting down.")
@@ -112,6 +126,21 @@ def _start_engines(
                 "--token-delay-ms", str(args.token_delay_ms),
             ))
     return [f"http://127.0.0.1:{port}" for port in ports]
+
+
+def _start_pytorch_workers(group: ProcessGroup, count: int, redis_url: str) -> list[str]:
+    """``count`` bundled PyTorch workers on the CPU, one intra-op thread each beyond the first
+    (they share this machine with everything else)."""
+    urls = []
+    for index in range(count):
+        port = free_port()
+        group.spawn(f"pytorch-worker-{index}", python_module_argv(
+            "gateway", "worker", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
+            "--redis-url", redis_url, "--worker-id", f"pytorch-{index}",
+            *(("--num-threads", "1") if count > 1 else ()),
+        ))
+        urls.append(f"http://127.0.0.1:{port}")
+    return urls
 
 
 def _demo_key(base: str, admin_token: str) -> str:

@@ -1,5 +1,5 @@
-"""`switchyard up` brings up Redis, engines and the gateway, prints a working demo key, and
-Ctrl-C (SIGINT) stops every child."""
+"""`switchyard up` brings up Redis, simulated engines, a PyTorch worker and the gateway, prints a
+working demo key, and Ctrl-C (SIGINT) stops every child."""
 
 from __future__ import annotations
 
@@ -61,17 +61,18 @@ def _read_until(proc: subprocess.Popen[bytes], pattern: str, timeout_s: float) -
 def test_up_serves_the_demo_key_and_ctrl_c_stops_every_child() -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "up", "--port", str(port), "--workers", "2"],
+        [sys.executable, "-m", "gateway", "up", "--port", str(port), "--workers", "2",
+         "--pytorch-workers", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        output = _read_until(proc, r"Ctrl-C stops everything", 60)
+        output = _read_until(proc, r"PyTorch worker\(s\) serve", 180)
         match = re.search(r"demo key: (sy-[0-9a-f]{16}-[A-Za-z0-9_-]{43})", output)
         assert match, output
         assert f"curl http://127.0.0.1:{port}/v1/chat/completions" in output
         children = _children_of(proc.pid)
-        assert len(children) >= 3, children  # redis, the simulated fleet, the gateway
+        assert len(children) >= 4, children  # redis, the simulated fleet, a worker, the gateway
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=match.group(1),
                                max_retries=0)
@@ -81,6 +82,12 @@ def test_up_serves_the_demo_key_and_ctrl_c_stops_every_child() -> None:
         )
         assert reply.choices[0].message.content
         assert reply.usage is not None and reply.usage.completion_tokens == 3
+        # The bundled PyTorch worker joined through its heartbeat and answers with the real model.
+        reply = client.chat.completions.create(
+            model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": "Say hi."}],
+            max_tokens=3, temperature=0,
+        )
+        assert reply.model == "SmolLM2-135M-Instruct" and reply.choices[0].message.content
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
