@@ -5,23 +5,27 @@ prefix_affinity with the exact index) a fresh fleet is started (redis, ``--worke
 workers that join through Redis, a gateway with that profile and SLO admission off) and driven
 open-loop (Poisson) with ANCHORS.md's shared-prefix workload (24 tenants, one 1.5-3k-token
 system prompt each, Zipf popularity, unique 50-200-token questions, streaming) at ~75% of
-round-robin's capacity. Then: the multi-turn workload (round_robin vs both prefix_affinity
-variants); the hot-prefix experiment (one group carries 30% of the traffic at a rate where its
-single holder would saturate, against a uniform workload at the same rate); and KV pressure
-(each worker's KV = 25% and 100% of the prefixes' working set), exact vs approximate index,
-round_robin as a reference.
+round-robin's capacity. Each worker's KV cache is a set share of the 24 system prompts' working
+set (``--kv-fraction``, default KV_FRACTION): cache pressure like ANCHORS.md's, where
+round-robin misses on about a third of the prompt tokens. ``--kv-fraction default`` gives the
+sim's 24,576 blocks, where every worker holds every prompt: no cache pressure. Then: the
+multi-turn workload (round_robin vs both prefix_affinity variants); the hot-prefix experiment
+(one group carries 30% of the traffic at a rate where its single holder would saturate,
+against a uniform workload at the same rate); and KV pressure (each worker's KV = 25% and 100%
+of the working set), exact vs approximate index, round_robin as a reference.
 
-**Calibration.** Round-robin's capacity C is the throughput of a closed loop with 16 requests
-in flight per worker (``--calibration-concurrency``): requests finished within its
-``--calibration-s``, per second; every engine is busy ~100% of the time there (reported). The
-main rate is 0.75 C. The hot-prefix rate makes the hot group alone offer 1.2x one worker's
-share of C, within [0.75 C, C]: ``1.2 C / (workers * 0.3)`` = C for 4 workers. With ``--rate R``
-there is no calibration and C = R / 0.75. Figures: `bench.routing_live_figures`. Run it
-under the shared lock::
+**Calibration.** At the same worker KV, round-robin's capacity C is the throughput of a
+closed loop with 16 requests in flight per worker (``--calibration-concurrency``): requests
+finished within its ``--calibration-s``, per second; every engine is busy ~100% of the time
+there (reported). The main rate is 0.75 C. The hot-prefix rate makes the hot group alone offer
+1.2x one worker's share of C, within [0.75 C, C]: ``1.2 C / (workers * 0.3)`` = C for 4
+workers. With ``--rate R`` there is no calibration and C = R / 0.75. Figures:
+`bench.routing_live_figures`. Run it under the shared lock::
 
     flock /tmp/switchyard-bench.lock .venv/bin/python -m bench.routing_live   # ~15 minutes
     .venv/bin/python -m bench.routing_live --quick --profiles round_robin,prefix_affinity:exact
     .venv/bin/python -m bench.routing_live --rate 30 --experiments shared-prefix,hot-prefix
+    .venv/bin/python -m bench.routing_live --kv-fraction default --experiments shared-prefix
 
 The JSON goes to ``--out`` (default ``bench/results/routing-live-TIME.json``); the tables
 (``bench.routing_live_report``) are printed.
@@ -43,7 +47,7 @@ from typing import Any
 
 from bench.procstat import busy_cpu_seconds, cpu_seconds
 from bench.routing_live_drive import Load, drive, make_tenants
-from bench.routing_live_figures import run_figures
+from bench.routing_live_figures import ideal_per_request, run_figures
 from bench.routing_live_fleet import FleetSpec, routing_fleet
 from bench.routing_live_report import markdown, verdicts
 from bench.routing_live_workloads import (
@@ -64,6 +68,12 @@ MULTI_TURN_PROFILES = ("round_robin", "prefix_affinity:approx", "prefix_affinity
 HOT_SHARE = 0.3
 HOT_SATURATION = 1.2  # the hot group's rate over one worker's share of the capacity
 KV_FRACTIONS = (0.25, 1.0)
+# Worker KV of the main experiments, as a share of the system prompts' working set, chosen by
+# a sweep (0.35 / 0.5 / 0.7): at 0.5 round_robin keeps 0.69 of the prompt tokens cached in
+# steady state (ANCHORS.md's round-robin: 0.69) while the 4 workers together hold the working
+# set twice (docs/benchmarks.md, "Routing, live").
+KV_FRACTION = 0.5
+MIN_KV_BLOCKS = 256  # the longest request (~3.4k tokens, 213 blocks) must fit whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +83,20 @@ class Settings:
     num_workers: int = 4
     num_groups: int = 24
     num_conversations: int = 64
-    send_s: float = 40.0
+    send_s: float = 50.0
+    # Requests sent in the first warmup_s fill the caches and are left out of the figures
+    # (`run_figures`): the comparison is of steady states, not of 24 cold misses at the start.
+    warmup_s: float = 10.0
     drain_s: float = 20.0
     calibration_s: float = 20.0
     calibration_concurrency: int = 16  # per worker
     seed: int = 1
     speed_factor: float | None = None
+    # Worker KV of the calibration and the shared-prefix, multi-turn and hot-prefix runs:
+    # ``num_kv_blocks`` if set, else ``kv_fraction`` of the working set, else (both None) the
+    # sim's default. kv-pressure sets its own.
+    kv_fraction: float | None = KV_FRACTION
+    num_kv_blocks: int | None = None
     workdir: Path = Path("bench/results/routing-live-fleet")
 
 
@@ -95,6 +113,20 @@ def _specs(workload: str, settings: Settings, tenants: Sequence[TenantSpec]
     return WORKLOADS[workload](options, tenants, settings.seed)
 
 
+def kv_blocks_for(fraction: float, working_set_blocks: int) -> int:
+    """Worker KV blocks holding ``fraction`` of the working set (never under MIN_KV_BLOCKS)."""
+    return max(MIN_KV_BLOCKS, math.ceil(fraction * working_set_blocks))
+
+
+def main_kv_blocks(settings: Settings, working_set_blocks: int) -> int | None:
+    """The worker KV of the main experiments (`Settings`); None: the sim's default."""
+    if settings.num_kv_blocks is not None:
+        return settings.num_kv_blocks
+    if settings.kv_fraction is None:
+        return None
+    return kv_blocks_for(settings.kv_fraction, working_set_blocks)
+
+
 def run_one(spec: FleetSpec, workload: str, load: Load, settings: Settings) -> dict[str, Any]:
     """One fresh fleet, one workload, one load: its figures."""
     spec = replace(spec, num_workers=settings.num_workers, speed_factor=settings.speed_factor)
@@ -108,7 +140,12 @@ def run_one(spec: FleetSpec, workload: str, load: Load, settings: Settings) -> d
         fleet_cpu_s = sum(cpu_seconds(pid) for pid in fleet.pids.values())
     others_cpu_s = busy_cpu_seconds() - busy_before - fleet_cpu_s - (_own_cpu_s() - own_before)
     figures = run_figures(result.records, result.messages, result.counters, result.window_s,
-                          names, result.routed, speed_factor=settings.speed_factor or 1.0)
+                          names, result.routed, speed_factor=settings.speed_factor or 1.0,
+                          warmup_s=settings.warmup_s if load.rate_per_s else 0.0)
+    # Every request's record and ideal hit, for per-request analysis (which missed, where).
+    ideal = ideal_per_request(result.records, result.messages)
+    (settings.workdir / slug / "records.json").write_text(json.dumps(
+        [{**r.to_json(), "ideal_cached_tokens": ideal.get(r.index)} for r in result.records]))
     elapsed_s = time.monotonic() - started
     num_done_in_send = sum(r.is_ok and r.sent_at_s + (r.e2e_s or 0.0) <= load.send_s
                            for r in result.records)
@@ -128,12 +165,13 @@ def _own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def calibrate(settings: Settings) -> dict[str, Any]:
+def calibrate(settings: Settings, num_kv_blocks: int | None) -> dict[str, Any]:
     """Round-robin's capacity: closed-loop throughput with every engine kept busy."""
     concurrency = settings.calibration_concurrency * settings.num_workers
     load = Load(concurrency=concurrency, send_s=settings.calibration_s,
                 drain_s=settings.drain_s, seed=settings.seed)
-    figures = run_one(PROFILES["round_robin"], "shared-prefix", load, settings)
+    figures = run_one(replace(PROFILES["round_robin"], num_kv_blocks=num_kv_blocks),
+                      "shared-prefix", load, settings)
     capacity = figures["num_done_in_send"] / settings.calibration_s
     return {**figures, "capacity_rps": capacity, "rate_75_rps": 0.75 * capacity,
             "hot_rate_rps": hot_rate(capacity, settings.num_workers)}
@@ -151,9 +189,18 @@ def run_all(settings: Settings, profiles: Sequence[str], experiments: Sequence[s
             rate_per_s: float | None) -> dict[str, Any]:
     """Every experiment asked for; the results as one JSON-ready dict."""
     out: dict[str, Any] = {}
+    working_set = working_set_blocks(WorkloadOptions(num_groups=settings.num_groups),
+                                     settings.num_groups, settings.seed)
+    kv_blocks = main_kv_blocks(settings, working_set)
+    out["kv"] = {"working_set_blocks": working_set, "num_kv_blocks": kv_blocks,
+                 "fraction": kv_blocks / working_set if kv_blocks else None}
+
+    def main_spec(profile: str) -> FleetSpec:
+        return replace(PROFILES[profile], num_kv_blocks=kv_blocks)
+
     if rate_per_s is None:
         print("calibrating round_robin's capacity ...", file=sys.stderr)
-        out["calibration"] = calibrate(settings)
+        out["calibration"] = calibrate(settings, kv_blocks)
         rate_per_s = float(out["calibration"]["rate_75_rps"])
     capacity = rate_per_s / 0.75
     hot_rps = hot_rate(capacity, settings.num_workers)
@@ -161,24 +208,22 @@ def run_all(settings: Settings, profiles: Sequence[str], experiments: Sequence[s
                 seed=settings.seed)
     affinity = [p for p in profiles if p.startswith("prefix_affinity")]
     if "shared-prefix" in experiments:
-        out["shared_prefix"] = {PROFILES[p].label: run_one(PROFILES[p], "shared-prefix", load,
+        out["shared_prefix"] = {PROFILES[p].label: run_one(main_spec(p), "shared-prefix", load,
                                                            settings) for p in profiles}
     if "multi-turn" in experiments:
-        out["multi_turn"] = {PROFILES[p].label: run_one(PROFILES[p], "multi-turn", load,
+        out["multi_turn"] = {PROFILES[p].label: run_one(main_spec(p), "multi-turn", load,
                                                         settings)
                              for p in profiles if p in MULTI_TURN_PROFILES}
     if "hot-prefix" in experiments:
         hot_load = replace(load, rate_per_s=hot_rps)
         out["hot_prefix"] = {PROFILES[p].label: {
-            "uniform": run_one(PROFILES[p], "uniform", hot_load, settings),
-            "hot": run_one(PROFILES[p], "hot", hot_load, settings)} for p in affinity}
+            "uniform": run_one(main_spec(p), "uniform", hot_load, settings),
+            "hot": run_one(main_spec(p), "hot", hot_load, settings)} for p in affinity}
     if "kv-pressure" in experiments:
-        options = WorkloadOptions(num_groups=settings.num_groups)
-        working_set = working_set_blocks(options, settings.num_groups, settings.seed)
         kv_profiles = affinity + [p for p in profiles if p == "round_robin"]  # as a reference
         out["kv_pressure"] = {"working_set_blocks": working_set, "points": {
             f"{fraction:.0%}": {PROFILES[p].label: run_one(
-                replace(PROFILES[p], num_kv_blocks=max(256, math.ceil(fraction * working_set))),
+                replace(PROFILES[p], num_kv_blocks=kv_blocks_for(fraction, working_set)),
                 "shared-prefix", load, settings) for p in kv_profiles}
             for fraction in KV_FRACTIONS}}
     out["rates"] = {"main_rps": rate_per_s, "hot_rps": hot_rps, "capacity_rps": capacity,
@@ -186,6 +231,18 @@ def run_all(settings: Settings, profiles: Sequence[str], experiments: Sequence[s
                     "hot_group_per_worker_capacity": HOT_SHARE * hot_rps
                     / (capacity / settings.num_workers)}
     return out
+
+
+def _every_run(results: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every run's figures in ``results`` (calibration, experiments, KV-pressure points)."""
+    if "calibration" in results:
+        yield results["calibration"]
+    for key in ("shared_prefix", "multi_turn"):
+        yield from results.get(key, {}).values()
+    for pair in results.get("hot_prefix", {}).values():
+        yield from pair.values()
+    for runs in results.get("kv_pressure", {}).get("points", {}).values():
+        yield from runs.values()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -197,16 +254,34 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"comma-separated, from {', '.join(PROFILES)}")
     parser.add_argument("--experiments", default=",".join(EXPERIMENTS),
                         help=f"comma-separated, from {', '.join(EXPERIMENTS)}")
-    parser.add_argument("--duration", type=float, default=40.0, help="seconds of sending a run")
+    parser.add_argument("--duration", type=float, default=50.0,
+                        help="seconds of sending a run, warm-up included")
+    parser.add_argument("--warmup", type=float, default=10.0,
+                        help="seconds at the start of an open-loop run left out of the figures")
     parser.add_argument("--calibration-s", type=float, default=20.0)
     parser.add_argument("--calibration-concurrency", type=int, default=16, help="per worker")
     parser.add_argument("--rate", type=float, help="req/s: skip the calibration, use this")
     parser.add_argument("--speed-factor", type=float, help="the sim's GPU speed (default 1)")
     parser.add_argument("--seed", type=int, default=1)
+    kv = parser.add_mutually_exclusive_group()
+    kv.add_argument("--kv-fraction", type=_kv_fraction, default=KV_FRACTION,
+                    help="each worker's KV as a share of the system prompts' working set, for "
+                    f"all but kv-pressure (default {KV_FRACTION}); 'default': the sim's 24,576 "
+                    "blocks (no cache pressure)")
+    kv.add_argument("--kv-blocks", type=int, help="each worker's KV in 16-token blocks")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 2 workers, 6 groups, 2 s per run")
     parser.add_argument("--out", type=Path, help="JSON path (default bench/results/...)")
     return parser
+
+
+def _kv_fraction(text: str) -> float | None:
+    if text == "default":
+        return None
+    fraction = float(text)
+    if not fraction > 0:
+        raise argparse.ArgumentTypeError("a KV fraction is > 0, or 'default'")
+    return fraction
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,18 +297,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_path: Path = args.out or Path("bench/results") / f"routing-live-{stamp}.json"
-    settings = Settings(num_workers=args.workers, send_s=args.duration,
+    settings = Settings(num_workers=args.workers, send_s=args.duration, warmup_s=args.warmup,
                         calibration_s=args.calibration_s,
                         calibration_concurrency=args.calibration_concurrency, seed=args.seed,
-                        speed_factor=args.speed_factor,
+                        speed_factor=args.speed_factor, kv_fraction=args.kv_fraction,
+                        num_kv_blocks=args.kv_blocks,
                         workdir=out_path.with_suffix("").with_name(out_path.stem + "-fleet"))
     if args.quick:
         settings = replace(settings, num_workers=2, num_groups=6, num_conversations=8,
-                           send_s=2.0, drain_s=5.0, calibration_s=2.0)
+                           send_s=2.0, warmup_s=0.0, drain_s=5.0, calibration_s=2.0)
     started = time.monotonic()
     busy_before = busy_cpu_seconds()
     results = run_all(settings, profiles, experiments, args.rate)
     elapsed_s = time.monotonic() - started
+    others = [run["others_cores"] for run in _every_run(results)]
     results["config"] = {
         "command": " ".join(["python -m bench.routing_live", *(argv or sys.argv[1:])]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "profiles": profiles,
@@ -242,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: str(v) for k, v in vars(args).items()},
         "num_workers": settings.num_workers, "num_groups": settings.num_groups,
         "num_conversations": settings.num_conversations, "send_s": settings.send_s,
+        "warmup_s": settings.warmup_s,
+        "others_cores": {"min": min(others, default=None), "max": max(others, default=None),
+                         "mean": sum(others) / len(others) if others else None},
     }
     results["targets"] = verdicts(results)
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,9 @@
 - **expected cached fraction**: what the router expected its picks to hold (the gateway's
   ``switchyard_routing_*`` counters; its prompt-token count is the gateway's estimate);
 - **TTFT** p50/p90/p99, throughput, errors (``bench.run.summary``);
+- **misses**: the requests that got under half of their ideal cached tokens (a prefix the
+  fleet had seen but the chosen worker did not hold, or had evicted by admission): their
+  share, and TTFT p50/p99 of those and of the others (hits);
 - **load spread**: max / mean requests per worker (from ``x-switchyard-backend``), and where
   the most requested prefix group's requests went;
 - **busy time** per worker: the engine time its steps took, rebuilt from its counters with the
@@ -36,7 +39,7 @@ from typing import Any
 from backends.sim.profile import LatencyModel
 from backends.tokenizer import Tokenizer, get_tokenizer
 from bench.run.spec import Message, Record
-from bench.run.summary import group_stats
+from bench.run.summary import group_stats, quantiles_ms
 from bench.run.workers import max_over_mean
 from routing.prefix import token_block_hashes
 
@@ -61,16 +64,36 @@ def ideal_cached_tokens(prompts: Sequence[Sequence[int]], block_size: int = BLOC
     return cached
 
 
-def ideal_fraction(records: Sequence[Record], messages: Mapping[int, Sequence[Message]],
-                   tokenizer: Tokenizer | None = None) -> float | None:
-    """The ideal cached-token fraction over the successful requests with usage."""
+def ideal_per_request(records: Sequence[Record], messages: Mapping[int, Sequence[Message]],
+                      tokenizer: Tokenizer | None = None) -> dict[int, int]:
+    """Each successful request's ideal cached tokens, by request index."""
     tokenizer = tokenizer or get_tokenizer("approx")
     ok = sorted((r for r in records if r.is_ok and r.num_prompt_tokens and r.index in messages),
                 key=lambda r: r.sent_at_s)
     prompts = [tokenizer.encode_chat(messages[r.index]) for r in ok]
-    cached = ideal_cached_tokens(prompts)
-    num_prompt = sum(r.num_prompt_tokens or 0 for r in ok)
-    return sum(cached) / num_prompt if num_prompt else None
+    return {r.index: cached for r, cached in zip(ok, ideal_cached_tokens(prompts), strict=True)}
+
+
+def ideal_fraction(records: Sequence[Record], ideal: Mapping[int, int]) -> float | None:
+    """The ideal cached-token fraction over ``records`` (those ``ideal`` covers)."""
+    covered = [r for r in records if r.index in ideal]
+    num_prompt = sum(r.num_prompt_tokens or 0 for r in covered)
+    return sum(ideal[r.index] for r in covered) / num_prompt if num_prompt else None
+
+
+def miss_split(records: Sequence[Record], ideal: Mapping[int, int]) -> dict[str, Any]:
+    """Requests with under half their ideal cached tokens (misses) against the rest (hits):
+    the misses' share, and each side's TTFT p50 / p99 in ms."""
+    judged = [r for r in records if r.index in ideal and r.ttft_s is not None]
+    missed = [r for r in judged if (r.num_cached_tokens or 0) < 0.5 * ideal[r.index]]
+    hits = [r for r in judged if (r.num_cached_tokens or 0) >= 0.5 * ideal[r.index]]
+
+    def ttft(rs: Sequence[Record]) -> dict[str, float | None]:
+        q = quantiles_ms([r.ttft_s for r in rs if r.ttft_s is not None])
+        return {"p50": q["p50"], "p99": q["p99"]}
+
+    return {"miss_share": len(missed) / len(judged) if judged else None,
+            "num_missed": len(missed), "ttft_missed_ms": ttft(missed), "ttft_hit_ms": ttft(hits)}
 
 
 def kv_tokens_attended(records: Sequence[Record]) -> float:
@@ -108,26 +131,37 @@ def top_group(records: Sequence[Record], worker_names: Sequence[str]) -> dict[st
 def run_figures(records: Sequence[Record], messages: Mapping[int, Sequence[Message]],
                 counters: Mapping[str, Mapping[str, float]], window_s: float,
                 worker_names: Sequence[str], routed: Mapping[str, float] | None = None,
-                speed_factor: float = 1.0) -> dict[str, Any]:
-    """Every figure of one run (see the module docstring)."""
-    stats = group_stats(records, {}, window_s)
-    ideal = ideal_fraction(records, messages)
+                speed_factor: float = 1.0, warmup_s: float = 0.0) -> dict[str, Any]:
+    """Every figure of one run (see the module docstring). Requests sent in the first
+    ``warmup_s`` are warm-up: their prompts count as seen for the ideal, but the request
+    figures (TTFT, cached, ideal, misses, requests per worker, throughput) leave them out;
+    the engine-time and in-flight figures and the router's expectation cover the whole run."""
+    ideal_tokens = ideal_per_request(records, messages)
+    all_records, records = records, [r for r in records if r.sent_at_s >= warmup_s]
+    stats = group_stats(records, {}, window_s - warmup_s)
+    ideal = ideal_fraction(records, ideal_tokens)
     cached = stats["cached_fraction"]
     ok = [r for r in records if r.is_ok]
     per_worker = {name: [r for r in ok if r.worker == name] for name in worker_names}
     num_unknown = sum(r.worker not in per_worker for r in ok)
+    all_per_worker = {name: [r for r in all_records if r.is_ok and r.worker == name]
+                      for name in worker_names}
     latency = LatencyModel()
-    times = {name: engine_time_s(counters[name], kv_tokens_attended(per_worker[name]), latency,
-                                 speed_factor) for name in worker_names if name in counters}
+    times = {name: engine_time_s(counters[name], kv_tokens_attended(all_per_worker[name]),
+                                 latency, speed_factor)
+             for name in worker_names if name in counters}
     busy = {name: t[0] for name, t in times.items()}
     work = {name: t[1] for name, t in times.items()}
     # Little's law: a worker's mean number of requests in flight over the run.
     in_flight = {name: sum(r.e2e_s or 0.0 for r in rs) / window_s if window_s else 0.0
-                 for name, rs in per_worker.items()}
+                 for name, rs in all_per_worker.items()}
     num_requests = {name: len(rs) for name, rs in per_worker.items()}
     return {
         "num_requests": stats["num_requests"], "num_ok": stats["num_ok"],
         "num_errors": stats["num_errors"], "errors_by_status": stats["errors_by_status"],
+        "warmup_s": warmup_s, "num_warmup": len(all_records) - len(records),
+        "ttft_with_warmup_ms": quantiles_ms([r.ttft_s for r in all_records
+                                             if r.is_ok and r.ttft_s is not None]),
         "ttft_ms": stats["ttft_ms"], "e2e_ms": stats["e2e_ms"], "tpot_ms": stats["tpot_ms"],
         "throughput_rps": stats["throughput_rps"],
         "output_tokens_per_s": stats["output_tokens_per_s"],
@@ -135,13 +169,15 @@ def run_figures(records: Sequence[Record], messages: Mapping[int, Sequence[Messa
         "share_of_ideal": cached / ideal if cached is not None and ideal else None,
         "expected_cached_fraction": (routed["expected_cached_tokens"] / routed["prompt_tokens"]
                                      if routed and routed.get("prompt_tokens") else None),
+        "misses": miss_split(records, ideal_tokens),
         "top_group": top_group(records, worker_names),
         "requests_per_worker": num_requests, "num_requests_unknown_worker": num_unknown,
         "max_mean_requests": max_over_mean(list(num_requests.values())),
         "busy_s_per_worker": busy,
         "busy_fraction_per_worker": {n: s / window_s for n, s in busy.items()} if window_s else {},
         "busy_max_mean": max_over_mean(list(busy.values())),
-        "busy_s_per_request": sum(busy.values()) / len(ok) if ok else None,
+        "busy_s_per_request": (sum(busy.values()) / sum(map(len, all_per_worker.values()))
+                               if ok else None),
         "work_s_per_worker": work, "work_max_mean": max_over_mean(list(work.values())),
         "in_flight_per_worker": in_flight,
         "in_flight_max_mean": max_over_mean(list(in_flight.values())),

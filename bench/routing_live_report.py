@@ -64,12 +64,23 @@ def _row(label: str, f: Figures) -> str:
             f"| {_num(f['ideal_cached_fraction'], 3)} | {_num(f['share_of_ideal'], 2)} "
             f"| {_num(f.get('expected_cached_fraction'), 3)} "
             f"| {_num(f['max_mean_requests'], 2)} | {_num(f['busy_max_mean'], 2)} "
-            f"| {_num(f['work_max_mean'], 2)} | {f['num_errors']} |")
+            f"| {_num(f['work_max_mean'], 2)} | {_misses(f)} "
+            f"| {_num(f.get('ttft_with_warmup_ms', {}).get('p99'))} | {f['num_errors']} |")
+
+
+def _misses(f: Figures) -> str:
+    misses = f.get("misses")
+    if not misses or misses["miss_share"] is None:
+        return "-"
+    return (f"{misses['miss_share']:.1%}: {_num(misses['ttft_hit_ms']['p50'])} / "
+            f"{_num(misses['ttft_missed_ms']['p50'])}")
 
 
 _HEADER = ("| profile | TTFT p50 / p90 / p99 (ms) | req/s | cached | ideal | share of ideal "
-           "| router expected | max/mean requests | max/mean busy | max/mean work | errors |\n"
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+           "| router expected | max/mean requests | max/mean busy | max/mean work "
+           "| missed: TTFT p50 hit / missed (ms) | TTFT p99 with warm-up | errors |\n"
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+           "| ---: |")
 
 
 def _top_group(f: Figures) -> str:
@@ -81,29 +92,42 @@ def _top_group(f: Figures) -> str:
 
 
 def _runs_table(title: str, runs: Mapping[str, Figures]) -> list[str]:
+    warmup_s = max((f.get("warmup_s", 0.0) for f in runs.values()), default=0.0)
+    if warmup_s:
+        title += f" (requests sent in the first {warmup_s:g} s are warm-up, left out)"
     return [f"**{title}**", "", _HEADER, *(_row(label, f) for label, f in runs.items()), ""]
+
+
+def _kv(results: Mapping[str, Any]) -> str:
+    kv = results.get("kv")
+    if not kv or kv["num_kv_blocks"] is None:
+        return "worker KV: the sim's default, 24,576 blocks (no cache pressure)"
+    return (f"worker KV = {kv['fraction']:.0%} of the {kv['working_set_blocks']}-block working "
+            f"set ({kv['num_kv_blocks']} blocks)")
 
 
 def markdown(results: Mapping[str, Any]) -> str:
     """The results as markdown tables, targets last."""
     lines: list[str] = []
     rates = results.get("rates", {})
+    kv_text = _kv(results)
     if "calibration" in results:
         c = results["calibration"]
-        lines += [f"Calibration (round_robin, closed loop, {c['concurrency']} in flight): "
+        lines += [f"Calibration (round_robin, closed loop, {c['concurrency']} in flight, "
+                  f"{kv_text}): "
                   f"{c['capacity_rps']:.1f} req/s, busy fraction per worker "
                   + ", ".join(f"{v:.2f}" for v in c["busy_fraction_per_worker"].values())
                   + f"; main rate {rates['main_rps']:.1f} req/s, hot-prefix rate "
                   f"{rates['hot_rps']:.1f} req/s.", ""]
     if "shared_prefix" in results:
-        lines += _runs_table(f"Shared prefix at {rates['main_rps']:.1f} req/s",
+        lines += _runs_table(f"Shared prefix at {rates['main_rps']:.1f} req/s, {kv_text}",
                              results["shared_prefix"])
     if "multi_turn" in results:
-        lines += _runs_table(f"Multi-turn at {rates['main_rps']:.1f} req/s",
+        lines += _runs_table(f"Multi-turn at {rates['main_rps']:.1f} req/s, {kv_text}",
                              results["multi_turn"])
     if "hot_prefix" in results:
         lines += [f"**Hot prefix: one group 30% of {rates['hot_rps']:.1f} req/s, against "
-                  "uniform groups at the same rate**", "",
+                  f"uniform groups at the same rate, {kv_text}**", "",
                   "| profile | workload | TTFT p50 / p90 / p99 (ms) | max/mean busy "
                   "| max/mean work | max/mean in flight | max/mean requests "
                   "| top group: share, requests per worker | errors |",

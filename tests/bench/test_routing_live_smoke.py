@@ -1,9 +1,10 @@
 """The live routing benchmark runs end to end in its quick mode and writes every figure.
 
 No timing is asserted: the figures depend on the machine. The quick run (2 workers, 2 s per
-run) calibrates round_robin, runs the shared-prefix workload under round_robin and
-prefix_affinity (exact index), and the hot-prefix pair under prefix_affinity; about 30 s. The
-pure parts (the ideal cache, the hot-prefix weights and rate) are checked on hand-made values.
+run, each worker's KV the default share of the 6 prompts' working set) calibrates round_robin,
+runs the shared-prefix workload under round_robin and prefix_affinity (exact index), and the
+hot-prefix pair under prefix_affinity; about 30 s. The pure parts (the ideal cache, the
+hot-prefix weights and rate) are checked on hand-made values.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from bench.routing_live import hot_rate
+from bench.routing_live import KV_FRACTION, hot_rate, kv_blocks_for
 from bench.routing_live_figures import ideal_cached_tokens
 from bench.routing_live_workloads import hot_weights
 
@@ -57,6 +58,9 @@ def _is_positive(value: Any) -> bool:
 
 
 def test_every_experiment_ran_every_profile(results: dict[str, Any]) -> None:
+    kv = results["kv"]  # the default: KV_FRACTION of the quick run's 6 prompts
+    assert kv["num_kv_blocks"] == kv_blocks_for(KV_FRACTION, kv["working_set_blocks"])
+    assert {f["num_kv_blocks"] for _, f in _runs(results)} == {kv["num_kv_blocks"]}
     assert tuple(results["shared_prefix"]) == PROFILES
     assert tuple(results["hot_prefix"]) == ("prefix_affinity (exact)",)
     assert [name for name, f in _runs(results) if f["num_ok"] < 1] == []
