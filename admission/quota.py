@@ -3,9 +3,10 @@
 ``acquire`` checks and charges requests per minute, tokens per minute (prompt plus reserved
 output) and a concurrency lease atomically on the Redis server's clock; ``settle`` releases the
 lease and moves the token charge to the actual count; ``renew`` keeps a long stream's lease
-alive. Every Redis call is bounded by ``timeout_s``; on a Redis error the store fails open (an
-in-process limiter, admission/quota_local.py) or closed (a 503 decision). Keys and the algorithm:
-docs/redis.md, "Quotas".
+alive. The script calls of all concurrent requests made in one event-loop iteration share one
+pipelined round trip (admission/redis_batch.py). Every call is bounded by ``timeout_s``; on a
+Redis error the store fails open (an in-process limiter, admission/quota_local.py) or closed (a
+503 decision). Keys and the algorithm: docs/redis.md, "Quotas".
 
 Example::
 
@@ -29,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from admission.quota_local import LocalLimiter
 from admission.quota_lua import ACQUIRE_SCRIPT, RENEW_SCRIPT, SETTLE_SCRIPT, LuaScript
@@ -40,6 +41,7 @@ from admission.quota_types import (
     QuotaLimits,
     normalize_limit,
 )
+from admission.redis_batch import ScriptBatcher
 
 __all__ = ["FailMode", "QuotaDecision", "QuotaLimits", "QuotaStore", "quota_keys"]
 
@@ -61,7 +63,9 @@ class QuotaStore:
     ``concurrency_hint_ms`` caps the retry hint of a concurrency refusal: a slot frees when a
     holder settles, which nobody can predict, so the hint is the time until the earliest lease
     expires or this much, whichever is sooner. After a Redis error the store skips Redis for
-    ``outage_retry_s`` (so an outage costs no waiting), then tries it again.
+    ``outage_retry_s`` (so an outage costs no waiting), then tries it again. Script calls are
+    coalesced across concurrent requests: ``max_batch_size`` per pipeline, ``max_in_flight``
+    pipelines outstanding (admission/redis_batch.py).
     """
 
     def __init__(
@@ -74,10 +78,15 @@ class QuotaStore:
         concurrency_hint_ms: int = 1000,
         outage_retry_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        max_batch_size: int = 256,
+        max_in_flight: int = 4,
+        send_idle_calls_at_once: bool = True,
     ) -> None:
         if fail_mode not in ("open", "closed"):
             raise ValueError(f"fail_mode must be 'open' or 'closed', not {fail_mode!r}")
-        self._redis = redis
+        self._batcher = ScriptBatcher(redis, timeout_s=timeout_s, max_batch_size=max_batch_size,
+                                      max_in_flight=max_in_flight,
+                                      send_idle_calls_at_once=send_idle_calls_at_once)
         self.lease_ttl_s = lease_ttl_s
         self.fail_mode: FailMode = fail_mode
         self._timeout_s = timeout_s
@@ -94,7 +103,11 @@ class QuotaStore:
         self.num_fail_closed = 0
         self.num_redis_errors = 0
         self.num_outages = 0
-        self.num_script_loads = 0
+
+    @property
+    def num_script_loads(self) -> int:
+        """Script calls sent again with ``EVAL`` after a ``NOSCRIPT``."""
+        return self._batcher.num_script_loads
 
     @property
     def is_redis_down(self) -> bool:
@@ -111,13 +124,15 @@ class QuotaStore:
             "num_redis_errors": self.num_redis_errors,
             "num_outages": self.num_outages,
             "num_script_loads": self.num_script_loads,
+            "num_redis_round_trips": self._batcher.num_round_trips,
         }
 
     async def acquire(self, tenant_id: str, limits: LimitsLike, *, tokens: int,
                       request_id: str) -> QuotaDecision:
         """Admit one request of ``tokens`` (prompt + reserved output) or say why not.
 
-        One ``EVALSHA``; all-or-nothing: a refused request charges nothing and holds no lease.
+        One ``EVALSHA``, pipelined with concurrent calls; all-or-nothing: a refused request
+        charges nothing and holds no lease.
         """
         self.num_acquires += 1
         rpm = normalize_limit(limits.requests_per_minute)
@@ -182,11 +197,7 @@ class QuotaStore:
             return None
         try:
             async with asyncio.timeout(self._timeout_s):
-                try:
-                    reply = await self._redis.evalsha(script.sha, len(keys), *keys, *args)
-                except NoScriptError:
-                    self.num_script_loads += 1
-                    reply = await self._redis.eval(script.text, len(keys), *keys, *args)
+                reply = await self._batcher.run(script, keys, args)
         except (RedisError, OSError, TimeoutError) as exc:
             self._on_error(exc)
             return None
