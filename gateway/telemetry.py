@@ -67,7 +67,7 @@ MIN_WAIT_SPAN_S = 50e-6
 _PROMPT_TOKENS_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _OUTPUT_TOKENS_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _FINISH_RE = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]+)"')
-# Every wait's total on the server span, short ones included (they get no span of their own).
+# A wait too short for a span of its own has its duration on the request's server span.
 _WAIT_ATTRIBUTES = {wait: f"switchyard.wait.{wait}.duration" for wait in WAIT_TYPES}
 # The request this task serves, for the upstream connector (``TimedTCPConnector``).
 _CURRENT: contextvars.ContextVar[RequestTrace | None] = contextvars.ContextVar(
@@ -152,10 +152,13 @@ class RequestTrace:
             assert self._open is not None and self._open[0] == wait
             started_s = self._open[1]
             self._open = None
-        self.waits[wait] = self.waits.get(wait, 0.0) + now_s - started_s
-        if self._spans is not None and (attributes is not None or
-                                        now_s - started_s >= MIN_WAIT_SPAN_S):
-            self._spans.append((wait, started_s, now_s, attributes))
+        total_s = self.waits[wait] = self.waits.get(wait, 0.0) + now_s - started_s
+        if self._spans is not None:
+            if attributes is not None or now_s - started_s >= MIN_WAIT_SPAN_S:
+                self._spans.append((wait, started_s, now_s, attributes))
+            else:  # too short for a span of its own: its duration on the request's span
+                self._attributes[_WAIT_ATTRIBUTES.get(wait) or
+                                 f"switchyard.wait.{wait}.duration"] = total_s
         return now_s
 
     def admitted(self, tier: str, tenant_id: str, model: str, plan: RoutePlan) -> None:
@@ -260,8 +263,6 @@ class RequestTrace:
                     for name, start_s, stop_s, attributes in self._spans]
         attributes = self._attributes
         attributes["http.response.status_code"] = status
-        for wait, seconds in self.waits.items():
-            attributes[_WAIT_ATTRIBUTES.get(wait) or f"switchyard.wait.{wait}.duration"] = seconds
         tail = self.tail[-2048:]
         if match := _PROMPT_TOKENS_RE.search(tail):
             attributes["gen_ai.usage.input_tokens"] = int(match.group(1))
