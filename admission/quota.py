@@ -81,6 +81,7 @@ class QuotaStore:
         max_batch_size: int = 256,
         max_in_flight: int = 4,
         send_idle_calls_at_once: bool = True,
+        settle_delay_s: float = 0.05,
     ) -> None:
         if fail_mode not in ("open", "closed"):
             raise ValueError(f"fail_mode must be 'open' or 'closed', not {fail_mode!r}")
@@ -88,6 +89,8 @@ class QuotaStore:
                                       max_in_flight=max_in_flight,
                                       send_idle_calls_at_once=send_idle_calls_at_once)
         self.lease_ttl_s = lease_ttl_s
+        # A settle waits up to this long to ride with the next acquire (0: sent at once).
+        self.settle_delay_s = settle_delay_s
         self.fail_mode: FailMode = fail_mode
         self._timeout_s = timeout_s
         self._lease_ttl_ms = max(1, round(lease_ttl_s * 1000))
@@ -177,7 +180,8 @@ class QuotaStore:
         _, tok_key, leases_key = quota_keys(tenant_id)
         tpm = normalize_limit(limits.tokens_per_minute)
         reply = await self._call(SETTLE_SCRIPT, (tok_key, leases_key),
-                                 (tpm, reserved_tokens, actual_tokens, request_id))
+                                 (tpm, reserved_tokens, actual_tokens, request_id),
+                                 deferrable=True)
         return bool(reply)
 
     async def renew(self, tenant_id: str, request_id: str) -> bool:
@@ -191,13 +195,17 @@ class QuotaStore:
 
     # -- Redis I/O ---------------------------------------------------------------------
     async def _call(self, script: LuaScript, keys: Sequence[str],
-                    args: Sequence[str | int]) -> Any:
-        """Run ``script``: its result, or None after an error or timeout (recorded)."""
+                    args: Sequence[str | int], *, deferrable: bool = False) -> Any:
+        """Run ``script``: its result, or None after an error or timeout (recorded). A
+        ``deferrable`` call rides with the next one sent, or leaves after ``settle_delay_s``."""
         if self._clock() < self._skip_redis_until:
             return None
         try:
-            async with asyncio.timeout(self._timeout_s):
-                reply = await self._batcher.run(script, keys, args)
+            async with asyncio.timeout(self._timeout_s + (self.settle_delay_s if deferrable
+                                                          else 0.0)):
+                reply = await (self._batcher.run_deferred(script, keys, args, self.settle_delay_s)
+                               if deferrable and self.settle_delay_s > 0
+                               else self._batcher.run(script, keys, args))
         except (RedisError, OSError, TimeoutError) as exc:
             self._on_error(exc)
             return None

@@ -22,6 +22,10 @@ A call made while nothing else is queued or out (light load) is sent at once fro
 task (``run``): batching then costs a lone request nothing; the calls that arrive while it is
 out are queued and leave together when it returns or the next iteration starts.
 
+A call that may wait (``run_deferred``: a settle, which only releases a lease and moves a token
+charge) is held until the next call is sent and rides in the same round trip, or leaves on its
+own after ``max_delay_s``: under load each request then costs one round trip, its acquire.
+
 Example::
 
     batcher = ScriptBatcher(redis, timeout_s=0.25)
@@ -82,6 +86,9 @@ class ScriptBatcher:
         self._in_flight: set[asyncio.Task[None]] = set()
         self._starting: asyncio.Task[None] | None = None
         self._num_inline = 0  # lone calls being sent from their callers' tasks (``run``)
+        # Calls that may wait (``defer``): they ride with the next batch, or leave on a timer.
+        self._deferred: list[_Call] = []
+        self._defer_timer: asyncio.TimerHandle | None = None
         self._send_idle_calls_at_once = send_idle_calls_at_once
         self.num_calls = 0
         self.num_round_trips = 0
@@ -103,7 +110,7 @@ class ScriptBatcher:
         self.num_calls += 1
         self._num_inline += 1
         try:
-            await self._send([_Call(script, keys, args, future)])
+            await self._send([*self._take_deferred(), _Call(script, keys, args, future)])
         finally:
             self._num_inline -= 1
             if self._pending:
@@ -120,6 +127,31 @@ class ScriptBatcher:
         self._start_sender(loop)
         return future
 
+    async def run_deferred(self, script: LuaScript, keys: Sequence[str],
+                           args: Sequence[str | int], max_delay_s: float) -> Any:
+        """Like ``run``, for a call that may wait up to ``max_delay_s``: it goes with the next
+        call that is sent (one round trip for both), or on its own when the delay is up."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._deferred.append(_Call(script, keys, args, future))
+        self.num_calls += 1
+        if self._defer_timer is None:
+            self._defer_timer = loop.call_later(max_delay_s, self._flush_deferred)
+        return await future
+
+    def _take_deferred(self) -> list[_Call]:
+        deferred, self._deferred = self._deferred, []
+        if self._defer_timer is not None:
+            self._defer_timer.cancel()
+            self._defer_timer = None
+        return [queued for queued in deferred if not queued.future.done()]
+
+    def _flush_deferred(self) -> None:
+        self._defer_timer = None
+        if self._deferred:
+            self._pending.extendleft(reversed(self._take_deferred()))
+            self._start_sender(asyncio.get_running_loop())
+
     def _start_sender(self, loop: asyncio.AbstractEventLoop) -> None:
         # A new task first runs in the next loop iteration, after every call of this one: it
         # takes the queue then. One sender at a time waits to start, so one pipeline per tick.
@@ -133,7 +165,7 @@ class ScriptBatcher:
 
     async def _send_next(self) -> None:
         self._starting = None
-        batch: list[_Call] = []
+        batch: list[_Call] = self._take_deferred()  # first: a released lease lets an acquire in
         while self._pending and len(batch) < self._max_batch_size:
             queued = self._pending.popleft()
             if not queued.future.done():  # its caller gave up: do not send it

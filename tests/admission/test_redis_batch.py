@@ -363,3 +363,31 @@ async def test_an_idle_store_sends_a_lone_call_at_once_and_batches_the_rest(
                                        for _ in range(20)))
     assert round_trips(store) - trips_before == 3  # the first of the burst, then the other 19
     assert sorted(d.remaining_requests or 0 for d in decisions) == list(range(79, 99))
+
+
+async def test_a_settle_rides_with_the_next_acquire_or_leaves_after_its_delay(
+        redis: aioredis.Redis) -> None:
+    """One lease (max_concurrent 1): the settle waits for the next acquire and goes first in
+    the same round trip, so that acquire gets the lease; a settle with nothing to ride with
+    leaves on its own once its delay is up."""
+    store = QuotaStore(redis, settle_delay_s=0.3)
+    await warm(store)
+    limits, tenant = QuotaLimits(max_concurrent=1), new_tenant()
+    first = rid()
+    assert (await store.acquire(tenant, limits, tokens=10, request_id=first)).is_allowed
+    trips_before = round_trips(store)
+    settling = asyncio.create_task(store.settle(tenant, limits, reserved_tokens=10,
+                                                actual_tokens=7, request_id=first))
+    await asyncio.sleep(0.05)
+    assert not settling.done() and round_trips(store) == trips_before  # held back
+    second = rid()
+    assert (await store.acquire(tenant, limits, tokens=10, request_id=second)).is_allowed
+    assert await settling
+    assert round_trips(store) == trips_before + 1  # the settle and the acquire together
+
+    started_s = time.monotonic()
+    assert await store.settle(tenant, limits, reserved_tokens=10, actual_tokens=3,
+                              request_id=second)
+    assert 0.25 <= time.monotonic() - started_s < 2.0
+    assert round_trips(store) == trips_before + 2
+    assert await redis.zcard(quota_keys(tenant)[2]) == 0  # no lease left behind
