@@ -16,9 +16,10 @@ at four set-ups: SLO admission off or on, and a tenant without limits or with al
 set (high enough never to refuse). It reports the gateway's and Redis's CPU-µs per request
 (/proc/PID/stat), the cores other processes kept busy meanwhile (the machine's busy time less
 the load generator, gateway, engine and Redis), and Redis calls per request (INFO
-commandstats before and after, warm-up included): EVALSHA calls (each one round trip), the
-commands the scripts run inside Redis, and everything else (background work of the gateways,
-e.g. fleet polls, spread over the requests).
+commandstats before and after, warm-up included): EVALSHA calls, the round trips they took (the
+gateway's ``switchyard_quota_redis_round_trips_total``: concurrent calls share a pipeline and a
+settle rides with the next acquire), the commands the scripts run inside Redis, and everything
+else (background work of the gateways, e.g. fleet polls, spread over the requests).
 
 Example::
 
@@ -39,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
+import httpx
 import orjson
 import uvloop
 
@@ -154,6 +156,14 @@ def _loadgen(gateway: GatewayProc, key: str, num_requests: int, num_warmup: int,
     return result
 
 
+def _quota_round_trips(origin: str) -> float:
+    """The gateway's count of quota round trips to Redis (its Prometheus counter)."""
+    for line in httpx.get(origin + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("switchyard_quota_redis_round_trips_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def measure_costs(fleet: Fleet, gateways: Mapping[bool, GatewayProc], *, num_requests: int,
                   num_warmup: int, runs: int) -> dict[str, Any]:
     """CPU-µs and Redis calls per request for each of `COST_SETUPS`, medians of ``runs``;
@@ -168,7 +178,9 @@ def measure_costs(fleet: Fleet, gateways: Mapping[bool, GatewayProc], *, num_req
         for name, slo_on, has_limits in COST_SETUPS:
             key = (limited["cost-limited"] if has_limits else unlimited["cost-free"])["standard"]
             before = fleet.redis_calls()
+            trips_before = _quota_round_trips(gateways[slo_on].url)
             result = _loadgen(gateways[slo_on], key, num_requests, num_warmup, watch)
+            trips = _quota_round_trips(gateways[slo_on].url) - trips_before
             after = fleet.redis_calls()
             num_sent = result["num_ok"] + num_warmup
             calls = {cmd: after[cmd] - before.get(cmd, 0) for cmd in after if cmd != "info"}
@@ -180,6 +192,7 @@ def measure_costs(fleet: Fleet, gateways: Mapping[bool, GatewayProc], *, num_req
                 "requests_per_s": result["requests_per_s"],
                 "p50_ms": result["p50_ms"], "p99_ms": result["p99_ms"],
                 "evalsha_per_request": calls.get("evalsha", 0) / num_sent,
+                "quota_round_trips_per_request": trips / num_sent,
                 "script_commands_per_request": inner / num_sent,
                 "other_redis_calls_per_request": (sum(calls.values()) - inner
                                                   - calls.get("evalsha", 0)) / num_sent,

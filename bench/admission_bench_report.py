@@ -157,12 +157,12 @@ def markdown(document: dict[str, Any], targets: Sequence[dict[str, Any]]) -> str
                      f"{_fmt(quota.get('steady_rate_error_pct'))}%"]]), ""]
     out += [_table(["set-up", "gateway CPU-µs / request", "Redis CPU-µs / request",
                     "req/s (c=4)", "p50 (ms)",
-                    "EVALSHA (round trips) / request", "commands inside scripts / request",
-                    "other Redis calls / request"],
+                    "EVALSHA / request", "quota round trips / request",
+                    "commands inside scripts / request", "other Redis calls / request"],
                    [[name, c["gateway_cpu_us_per_request"], c["redis_cpu_us_per_request"],
                      c["requests_per_s"], c["p50_ms"],
-                     c["evalsha_per_request"], c["script_commands_per_request"],
-                     c["other_redis_calls_per_request"]]
+                     c["evalsha_per_request"], c.get("quota_round_trips_per_request", "-"),
+                     c["script_commands_per_request"], c["other_redis_calls_per_request"]]
                     for name, c in document["costs"].items()]), ""]
     out += [_table(["target", "value", "limit", "result"],
                    [[t["label"], t["value"], f"{t['op']} {t['limit']:g}",

@@ -200,6 +200,9 @@ def _quota_metrics(quotas: QuotaStore) -> Iterator[object]:
     yield counter_family("switchyard_quota_fail_closed",
                          "Requests refused because Redis was unreachable (fail-closed).",
                          None, float(counters.get("num_fail_closed", 0)))
+    yield counter_family("switchyard_quota_redis_round_trips",
+                         "Redis round trips of the quota scripts (concurrent calls share one).",
+                         None, float(counters.get("num_redis_round_trips", 0)))
 
 
 def scheduling_profile(settings: RoutingSettings) -> SchedulingProfile:

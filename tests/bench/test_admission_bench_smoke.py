@@ -28,8 +28,8 @@ FAIRNESS_FIGURES = ("jain_equal_weight", "heavy_normalised_service",
                     "light_normalised_service_mean", "heavy_service_over_max_min_share",
                     "jain_max_min")
 COST_FIGURES = ("gateway_cpu_us_per_request", "redis_cpu_us_per_request", "requests_per_s",
-                "p50_ms", "p99_ms", "evalsha_per_request", "script_commands_per_request",
-                "other_redis_calls_per_request")
+                "p50_ms", "p99_ms", "evalsha_per_request", "quota_round_trips_per_request",
+                "script_commands_per_request", "other_redis_calls_per_request")
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +103,9 @@ def test_cost_figures_are_present_and_finite(results: dict[str, Any], setup: str
     costs = results["costs"][setup]
     assert [name for name in COST_FIGURES if not _finite(costs[name])] == []
     assert costs["gateway_cpu_us_per_request"] > 0
+    # Every quota script call is an EVALSHA; concurrent ones share round trips.
+    assert costs["quota_round_trips_per_request"] <= costs["evalsha_per_request"] + 1e-9
+    assert (costs["quota_round_trips_per_request"] > 0) == (costs["evalsha_per_request"] > 0.5)
 
 
 def test_targets_are_judged_not_asserted(results: dict[str, Any]) -> None:
