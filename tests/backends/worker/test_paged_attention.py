@@ -64,7 +64,7 @@ def test_mixed_step_of_chunks_and_decodes(model: LlamaModel) -> None:
 @pytest.mark.parametrize(("kv_dtype", "tolerance"), [
     pytest.param("bfloat16", 0.02, id="bfloat16"),  # measured max error 0.007
     pytest.param("float16", 0.005, id="float16"),  # 0.0015
-    pytest.param("int8", 0.08, id="int8"),  # 0.036
+    pytest.param("int8", 0.05, id="int8"),  # 0.023 (per-token scales; per-block gave 0.036)
 ])
 def test_low_precision_kv_stays_close(model: LlamaModel, kv_dtype: str,
                                       tolerance: float) -> None:
