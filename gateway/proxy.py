@@ -230,7 +230,7 @@ async def _relay_stream(
     deadline_s = loop.time() + settings.request_timeout_s
     idle_s = settings.idle_timeout_s
     num_chunks = num_events = 0
-    tail = b""
+    tail = previous = b""  # the last two chunks: a usage event may come just before [DONE]
     renew_every_s = gw.settings.admission.lease_ttl_s / 3
     next_renew_s = loop.time() + renew_every_s if ticket.needs_lease else float("inf")
     chunk = opened.first_chunk
@@ -241,7 +241,7 @@ async def _relay_stream(
             while chunk:
                 num_chunks += 1
                 num_events += chunk.count(b"data: ")
-                tail = chunk
+                previous, tail = tail, chunk
                 await out.write(chunk)
                 wanted_s = min(loop.time() + idle_s, deadline_s)
                 if wanted_s - (timer.when() or 0.0) > slack_s or wanted_s == deadline_s:
@@ -266,7 +266,8 @@ async def _relay_stream(
         await out.write_eof()
     finally:
         gw.metrics.streamed_chunks.inc(num_chunks)
-        ticket.num_output_tokens = output_tokens_from(tail[-512:], num_events)
+        tail = previous[-2048:] + tail[-2048:]
+        ticket.num_output_tokens = output_tokens_from(tail, num_events)
         request[REQUEST_TRACE].streamed(tail, ticket.num_output_tokens)
     return out
 

@@ -117,14 +117,18 @@ async def untraced(engine: Engine, redis_url: str) -> AsyncIterator[InProcessGat
         yield gateway
 
 
-@pytest.mark.parametrize("is_stream", [pytest.param(False, id="json"),
-                                       pytest.param(True, id="stream")])
+@pytest.mark.parametrize(("is_stream", "mock"), [
+    pytest.param(False, {}, id="json"),
+    pytest.param(True, {}, id="stream"),
+    # One event per read: the usage event and [DONE] reach the gateway apart.
+    pytest.param(True, {"mock": {"token_delay_ms": 2}}, id="stream-paced"),
+])
 async def test_request_span_has_genai_attributes_and_a_child_per_wait(
-    traced: InProcessGateway, is_stream: bool
+    traced: InProcessGateway, is_stream: bool, mock: dict[str, Any]
 ) -> None:
     started_ns = time.time_ns()
     response = await traced.chat(stream=is_stream, stream_options={"include_usage": True}
-                                 if is_stream else None)
+                                 if is_stream else None, **mock)
     await response.read()
     spans = traced.spans()
     server = spans.pop(f"chat {MODEL}")
