@@ -81,11 +81,18 @@ async def admit_quota(
 
 
 def output_tokens_from(body_tail: bytes, num_events: int) -> int:
-    """Completion tokens from a usage object when one was relayed, else one per SSE event."""
+    """Completion tokens from a usage object when one was relayed, else one per SSE event
+    (``num_events``: every ``data:`` line relayed) but the role, finish and ``[DONE]`` ones.
+
+    Example::
+
+        output_tokens_from(b'..."usage":{"completion_tokens":4}...', 9)   # 4
+        output_tokens_from(b'...finish_reason":"length"}]}\n\ndata: [DONE]\n\n', 7)  # 4
+    """
     match = _USAGE_RE.search(body_tail)
     if match is not None:
         return int(match.group(1))
-    return max(0, num_events - 2)  # role and finish events carry no token
+    return max(0, num_events - 2 - (b"data: [DONE]" in body_tail))
 
 
 def finish_quota(ticket: QuotaTicket) -> None:

@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from gateway.admit import output_tokens_from
 from tests.fleet import Gateway, wait_until
 
 MODEL = "switchyard-mock"
@@ -90,3 +91,15 @@ def test_unlimited_tenants_get_no_rate_limit_headers(gateway: Gateway, api_key: 
     response = _post(gateway, api_key)
     assert response.status_code == 200
     assert "x-ratelimit-limit-requests" not in response.headers
+
+
+@pytest.mark.parametrize(("tail", "num_events", "expected"), [
+    pytest.param(b'{"usage":{"prompt_tokens":3,"completion_tokens":4}}\n\ndata: [DONE]\n\n', 8, 4,
+                 id="usage-relayed"),
+    pytest.param(b'"finish_reason":"length"}]}\n\ndata: [DONE]\n\n', 7, 4, id="role-4-finish-done"),
+    pytest.param(b'"finish_reason":"length"}]}\n\n', 6, 4, id="cut-before-done"),
+    pytest.param(b"", 1, 0, id="role-only"),
+])
+def test_output_tokens_of_a_stream(tail: bytes, num_events: int, expected: int) -> None:
+    """Usage when the engine sent one; otherwise one token per event, less role/finish/[DONE]."""
+    assert output_tokens_from(tail, num_events) == expected
