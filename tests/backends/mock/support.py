@@ -1,4 +1,4 @@
-"""Fixtures and helpers shared by the mock engine's tests."""
+"""Constants and helpers shared by the mock engine's tests (fixtures: conftest.py)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,12 @@ import aiohttp
 from backends.mock import MockEngine, MockEngineConfig
 from backends.mock.stats import MockStats
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 MODEL = "switchyard-mock"
 OTHER_MODEL = "other-model"
 CONFIG = MockEngineConfig(models=(MODEL, OTHER_MODEL), default_max_tokens=4)
 CHAT = "/v1/chat/completions"
 TEXT = "/v1/completions"
-
-
 
 
 def chat_body(content: str = "hello there world", **extra: Any) -> dict[str, Any]:

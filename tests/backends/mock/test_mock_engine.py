@@ -7,17 +7,15 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import openai
 import orjson
 import pytest
-import pytest_asyncio
 
-from backends.mock import MockEngine, start
-from tests.backends.mock_support import (
+from backends.mock import MockEngine
+from tests.backends.mock.support import (
     CHAT,
     CONFIG,
     MODEL,
@@ -28,18 +26,6 @@ from tests.backends.mock_support import (
     post_json,
     post_stream,
 )
-
-
-@pytest_asyncio.fixture
-async def engine() -> AsyncIterator[MockEngine]:
-    async with await start(CONFIG) as running:
-        yield running
-
-
-@pytest_asyncio.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client:
-        yield client
 
 
 @pytest.mark.asyncio

@@ -7,33 +7,18 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-import pytest_asyncio
 
 from backends.mock import MockEngine, MockEngineConfig, start
-from tests.backends.mock_support import (
+from tests.backends.mock.support import (
     CHAT,
-    CONFIG,
     MODEL,
     chat_body,
     post_json,
     wait_until,
 )
-
-
-@pytest_asyncio.fixture
-async def engine() -> AsyncIterator[MockEngine]:
-    async with await start(CONFIG) as running:
-        yield running
-
-
-@pytest_asyncio.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client:
-        yield client
 
 
 @pytest.mark.asyncio
