@@ -129,32 +129,44 @@ def _usage(parsed: SimRequest, handle: RequestHandle) -> dict[str, Any]:
 
 def _full_body(parsed: SimRequest, handle: RequestHandle, completion_id: str) -> bytes:
     text = "".join(output_text(i) for i in range(handle.num_output_tokens))
+    return completion_body(parsed, completion_id, text, _usage(parsed, handle),
+                           finish_reason=handle.finish_reason)
+
+
+def completion_body(parsed: SimRequest, completion_id: str, text: str, usage: dict[str, Any],
+                    **choice_fields: Any) -> bytes:
+    """A whole (non-streamed) completion in OpenAI's shape; ``choice_fields`` (finish_reason,
+    ...) follow ``logprobs`` in its choice. Shared with the PyTorch worker's server."""
     choice: dict[str, Any] = (
         {"index": 0, "message": {"role": "assistant", "content": text}} if parsed.is_chat
         else {"index": 0, "text": text}
     )
-    choice["logprobs"] = None
-    choice["finish_reason"] = handle.finish_reason
+    choice |= {"logprobs": None, **choice_fields}
     return orjson.dumps({
         "id": completion_id,
         "object": "chat.completion" if parsed.is_chat else "text_completion",
         "created": int(time.time()),
         "model": parsed.model,
         "choices": [choice],
-        "usage": _usage(parsed, handle),
+        "usage": usage,
     })
+
+
+def stream_head(parsed: SimRequest, completion_id: str) -> dict[str, Any]:
+    """The fields every chunk of a stream starts with. Shared with the PyTorch worker."""
+    return {
+        "id": completion_id,
+        "object": "chat.completion.chunk" if parsed.is_chat else "text_completion",
+        "created": int(time.time()),
+        "model": parsed.model,
+    }
 
 
 async def _stream(request: web.Request, parsed: SimRequest, handle: RequestHandle,
                   completion_id: str) -> web.StreamResponse:
     out = web.StreamResponse(headers=SSE_HEADERS)
     await out.prepare(request)
-    head = {
-        "id": completion_id,
-        "object": "chat.completion.chunk" if parsed.is_chat else "text_completion",
-        "created": int(time.time()),
-        "model": parsed.model,
-    }
+    head = stream_head(parsed, completion_id)
     usage_field = {"usage": None} if parsed.is_usage_streamed else {}
 
     def event(delta: Any, finish_reason: str | None) -> bytes:

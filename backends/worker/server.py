@@ -30,7 +30,15 @@ import orjson
 from aiohttp import web
 
 from backends.publisher import KvPublisher
-from backends.sim.server import DONE_EVENT, SSE_HEADERS, _error, _trace, tracer
+from backends.sim.server import (
+    DONE_EVENT,
+    SSE_HEADERS,
+    _error,
+    _trace,
+    completion_body,
+    stream_head,
+    tracer,
+)
 from backends.worker.async_engine import AsyncEngine, RequestHandle
 from backends.worker.metrics import CONTENT_TYPE, WorkerMetrics
 from backends.worker.request import RequestError, WorkerRequest, parse_request
@@ -179,32 +187,15 @@ def _usage(handle: RequestHandle) -> dict[str, Any]:
 
 def _full_body(parsed: WorkerRequest, handle: RequestHandle, text: str,
                completion_id: str) -> bytes:
-    choice: dict[str, Any] = (
-        {"index": 0, "message": {"role": "assistant", "content": text}} if parsed.is_chat
-        else {"index": 0, "text": text}
-    )
-    choice |= {"logprobs": None, "finish_reason": handle.finish_reason,
-               "stop_reason": handle.stop_reason}
-    return orjson.dumps({
-        "id": completion_id,
-        "object": "chat.completion" if parsed.is_chat else "text_completion",
-        "created": int(time.time()),
-        "model": parsed.model,
-        "choices": [choice],
-        "usage": _usage(handle),
-    })
+    return completion_body(parsed, completion_id, text, _usage(handle),
+                           finish_reason=handle.finish_reason, stop_reason=handle.stop_reason)
 
 
 async def _stream(request: web.Request, parsed: WorkerRequest, handle: RequestHandle,
                   completion_id: str) -> web.StreamResponse:
     out = web.StreamResponse(headers=SSE_HEADERS)
     await out.prepare(request)
-    head = {
-        "id": completion_id,
-        "object": "chat.completion.chunk" if parsed.is_chat else "text_completion",
-        "created": int(time.time()),
-        "model": parsed.model,
-    }
+    head = stream_head(parsed, completion_id)
     usage_field = {"usage": None} if parsed.is_usage_streamed else {}
 
     def event(delta: Any, finish_reason: str | None = None, **extra: Any) -> bytes:
