@@ -167,13 +167,14 @@ class SloAdmission:
 
     # -- headroom for higher tiers (admission/headroom.py) ---------------------------------
     def reserved_slots(self, tier: Tier, snapshot: FleetSnapshot, now_s: float,
-                       model: str | None = None) -> int:
-        """Free batch slots a request of ``tier`` must leave to the tiers above it."""
+                       model: str | None = None, room: tuple[int, int] | None = None) -> int:
+        """Free batch slots a request of ``tier`` must leave to the tiers above it (``room``:
+        the snapshot's ``free_slots``, when the caller has it)."""
         if self.headroom_factor <= 0 or not any(
                 self.arrivals.rate(t.name, now_s) for t in self.tiers.values()
                 if t.priority < tier.priority):
             return 0  # the top tier, or nothing above it lately: nothing to keep
-        room = free_slots(snapshot, model=model)
+        room = room or free_slots(snapshot, model=model)
         if room is None:
             return 0  # a backend without max_batch: the fleet's room is unknown
         return reserved_slots(tier, self.tiers.values(), self.arrivals, now_s,
@@ -190,7 +191,8 @@ class SloAdmission:
         free, _ = room
         allowed: int | None = None
         for tier in sorted(self.tiers.values(), key=lambda t: t.priority):
-            if self.reserved_slots(tier, snapshot, now_s) >= free and allowed is not None:
+            if (self.reserved_slots(tier, snapshot, now_s, room=room) >= free
+                    and allowed is not None):
                 break
             allowed = tier.priority
         return allowed
