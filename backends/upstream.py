@@ -1,4 +1,5 @@
-"""The upstream client: one shared aiohttp session, a bounded pool per backend, and timeouts.
+"""The upstream client: a lean HTTP/1.1 pool per backend for completions, and one shared aiohttp
+session for everything off the hot path (health checks, fleet polls, metric scrapes).
 
 Timeouts, each separate:
 
@@ -18,11 +19,14 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
 
+from backends.http1 import Pool, Response, UpstreamBroken
 from backends.registry import Backend
 
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
@@ -59,14 +63,19 @@ class Opened:
     chunk of a stream, or the whole body otherwise."""
 
     backend: Backend
-    response: aiohttp.ClientResponse
+    response: Response
     first_chunk: bytes
+
+
+# Called with ("upstream_connect", started_s) once a connection is ready (``RequestTrace.waited``).
+ConnectTimer = Callable[[str, float], object]
 
 
 class UpstreamClient:
     def __init__(self, settings: UpstreamSettings) -> None:
         self.settings = settings
         self._session: aiohttp.ClientSession | None = None
+        self._pools: dict[str, Pool] = {}
         self._timeout = aiohttp.ClientTimeout(
             total=None,
             connect=settings.connect_timeout_s,
@@ -75,17 +84,13 @@ class UpstreamClient:
 
     @property
     def session(self) -> aiohttp.ClientSession:
+        """The aiohttp session for health checks and polls (not for completions)."""
         if self._session is None:
             raise RuntimeError("UpstreamClient.start() was not called")
         return self._session
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
-            limit=0,
-            limit_per_host=self.settings.max_connections_per_backend,
-            ttl_dns_cache=60,
-            keepalive_timeout=30,
-        )
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, keepalive_timeout=30)
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=self._timeout,
@@ -94,9 +99,20 @@ class UpstreamClient:
         )
 
     async def close(self) -> None:
+        pools, self._pools = self._pools, {}
+        for pool in pools.values():
+            pool.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    def _pool(self, backend: Backend) -> Pool:
+        pool = self._pools.get(backend.url)
+        if pool is None:
+            settings = self.settings
+            pool = self._pools[backend.url] = Pool(
+                backend.url, settings.max_connections_per_backend, settings.connect_timeout_s)
+        return pool
 
     async def open(
         self,
@@ -106,44 +122,61 @@ class UpstreamClient:
         headers: dict[str, str],
         *,
         is_stream: bool,
+        timer: ConnectTimer | None = None,
     ) -> Opened:
         """Send the request; return once headers (and a stream's first chunk) have arrived."""
         if backend.api_key:
             headers = {**headers, "Authorization": f"Bearer {backend.api_key}"}
         settings = self.settings
         wait_s = settings.first_byte_timeout_s if is_stream else settings.request_timeout_s
-        response: aiohttp.ClientResponse | None = None
+        pool = self._pool(backend)
+        head = pool.head(path, len(body), headers)
+        response: Response | None = None
+        connecting = True
+        started_s = time.perf_counter()
         try:
             async with asyncio.timeout(wait_s):
-                response = await self.session.post(backend.url + path, data=body, headers=headers)
+                try:
+                    response = await pool.send(head, body)
+                finally:
+                    connecting = False
+                    if timer is not None:
+                        timer("upstream_connect", started_s)
+                await response.wait_head()
                 if is_stream and response.status == 200:
-                    first = await response.content.readany()
-                    if not first and not response.content.is_eof():
-                        raise aiohttp.ClientPayloadError("stream ended before its first chunk")
+                    first = await response.readany()
+                    if not first:
+                        raise UpstreamBroken("stream ended before its first chunk")
                 else:
                     first = await response.read()  # the whole body, within the same timeout
         except TimeoutError:
             if response is not None:
                 response.close()
+            if connecting:
+                raise UpstreamFailure(
+                    backend, "connect",
+                    f"cannot connect to backend {backend.name!r} within "
+                    f"{settings.connect_timeout_s:g} s", is_timeout=True,
+                ) from None
             raise UpstreamFailure(
                 backend, "timeout",
                 f"backend {backend.name!r} sent nothing within {wait_s:g} s",
                 is_timeout=True,
             ) from None
-        except aiohttp.ClientConnectorError as exc:
-            raise UpstreamFailure(
-                backend, "connect", f"cannot connect to backend {backend.name!r}: {exc.strerror}"
-            ) from None
-        except (aiohttp.ClientError, OSError) as exc:
+        except (UpstreamBroken, OSError) as exc:
             if response is not None:
                 response.close()
+            if connecting:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                raise UpstreamFailure(
+                    backend, "connect", f"cannot connect to backend {backend.name!r}: {reason}"
+                ) from None
             raise UpstreamFailure(
                 backend, "protocol",
-                f"backend {backend.name!r} failed before responding: {exc.__class__.__name__}",
+                f"backend {backend.name!r} failed before responding: {exc}",
             ) from None
         except BaseException:
             if response is not None:
                 response.close()
             raise
         return Opened(backend=backend, response=response, first_chunk=first)
-

@@ -14,6 +14,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from backends.http1 import UpstreamBroken
 from backends.upstream import RETRYABLE_STATUSES, Opened, UpstreamFailure
 from gateway.admit import QuotaTicket, admit_quota, finish_quota, output_tokens_from, renew_lease
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
@@ -139,7 +140,8 @@ async def _forward(
         sent_s = time.perf_counter()
         try:
             opened = await gw.upstream.open(
-                backend, _ROUTES[route], raw, headers, is_stream=parsed.is_stream
+                backend, _ROUTES[route], raw, headers, is_stream=parsed.is_stream,
+                timer=trace.waited,
             )
         except UpstreamFailure as exc:
             router.finished(backend, plan, had_first_token=False)
@@ -185,11 +187,11 @@ async def _relay_body(
 ) -> web.Response:
     upstream = opened.response
     body = opened.first_chunk  # the whole body (read by open()), unless a stream was answered
-    if not upstream.content.is_eof():  # with a 200 that is not SSE: read the rest
+    if not upstream.is_eof():  # with a 200 that is not SSE: read the rest
         try:
             async with asyncio.timeout(gw.settings.upstream.request_timeout_s):
                 body += await upstream.read()
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except (TimeoutError, UpstreamBroken, OSError):
             gw.metrics.upstream_errors.labels(opened.backend.name, "protocol").inc()
             raise APIError.bad_gateway(
                 f"Upstream failed: backend {opened.backend.name!r} broke off its response."
@@ -203,7 +205,7 @@ async def _relay_body(
     response = web.Response(
         status=upstream.status,
         body=body,
-        headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")},
+        headers={"Content-Type": upstream.headers.get("content-type", "application/json")},
     )
     if gw.settings.routing.expose_backend_header:
         response.headers["x-switchyard-backend"] = opened.backend.name
@@ -225,7 +227,7 @@ async def _relay_stream(
     if ticket.is_limited:
         out.headers.update(ticket.headers)
     await out.prepare(request)
-    content = opened.response.content
+    upstream = opened.response
     loop = asyncio.get_running_loop()
     deadline_s = loop.time() + settings.request_timeout_s
     idle_s = settings.idle_timeout_s
@@ -249,15 +251,15 @@ async def _relay_stream(
                 if wanted_s - idle_s >= next_renew_s:  # a long stream keeps its lease
                     renew_lease(ticket)
                     next_renew_s += renew_every_s
-                chunk = await content.readany()
+                chunk = await upstream.readany()
     except TimeoutError:
         gw.metrics.upstream_errors.labels(opened.backend.name, "idle_timeout").inc()
         await _end_with_error(out, f"Upstream timeout: backend {opened.backend.name!r} stalled.")
-    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
+    except UpstreamBroken as exc:
         gw.metrics.upstream_errors.labels(opened.backend.name, "broken_stream").inc()
         await _end_with_error(
             out, f"Upstream failed: backend {opened.backend.name!r} broke off the stream "
-            f"({exc.__class__.__name__}); the response is incomplete."
+            f"({exc}); the response is incomplete."
         )
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         gw.metrics.client_disconnects.inc()  # the client went away while we wrote

@@ -24,18 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
 from aiohttp import web
-from aiohttp.client_reqrep import ClientRequest
-from aiohttp.connector import Connection
-from aiohttp.tracing import Trace
 from opentelemetry.propagate import extract
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import (
@@ -69,9 +64,6 @@ _OUTPUT_TOKENS_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _FINISH_RE = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]+)"')
 # A wait too short for a span of its own has its duration on the request's server span.
 _WAIT_ATTRIBUTES = {wait: f"switchyard.wait.{wait}.duration" for wait in WAIT_TYPES}
-# The request this task serves, for the upstream connector (``TimedTCPConnector``).
-_CURRENT: contextvars.ContextVar[RequestTrace | None] = contextvars.ContextVar(
-    "switchyard_request_trace", default=None)
 
 
 class Telemetry:
@@ -85,7 +77,6 @@ class Telemetry:
     def start(self, request: web.Request, route: str, started_s: float) -> RequestTrace:
         trace = RequestTrace(self, route, started_s)
         request[REQUEST_TRACE] = trace
-        _CURRENT.set(trace)
         if self.tracing is not None:
             trace.begin_span(self.tracing, request)
         return trace
@@ -303,25 +294,6 @@ class RequestTrace:
                     processor.on_end(span)
 
 
-# -- the upstream pool: how long each request waits for a connection ---------------------------
-class TimedTCPConnector(aiohttp.TCPConnector):
-    """The upstream client's connector, timing ``connect`` (a pooled connection, a new one, or
-    a wait for a free one) for the request this task serves. ``setup_telemetry`` puts it in
-    place by changing the class of the existing connector, as ``gateway.server`` does for its
-    server: cheaper than aiohttp's client tracing, which costs every request a dozen awaits."""
-
-    async def connect(self, req: ClientRequest, traces: list[Trace],
-                      timeout: aiohttp.ClientTimeout) -> Connection:  # noqa: ASYNC109
-        trace = _CURRENT.get()
-        if trace is None:  # health checks and fleet polls
-            return await super().connect(req, traces, timeout)
-        started_s = time.perf_counter()
-        try:
-            return await super().connect(req, traces, timeout)
-        finally:
-            trace.waited("upstream_connect", started_s)
-
-
 # -- the app ----------------------------------------------------------------------------------
 def setup_telemetry(app: web.Application) -> None:
     """Tracing from ``OTEL_*``, wait histograms on the gateway's registry, connection hooks.
@@ -336,8 +308,6 @@ def setup_telemetry(app: web.Application) -> None:
         gw = app[GATEWAY]
         telemetry.metrics = WaitMetrics(gw.metrics, gw.settings.tier_names)
         tracing = telemetry.tracing
-        if type(gw.upstream.session.connector) is aiohttp.TCPConnector:
-            gw.upstream.session.connector.__class__ = TimedTCPConnector
         exporter = tracing.exporter if tracing is not None else None
         exporting = None
         if exporter is not None:
