@@ -274,6 +274,11 @@ class Pool:
         self._idle: deque[Connection] = deque()  # oldest first
         self.num_open = 0
 
+    @property
+    def is_full(self) -> bool:
+        """Every connection is busy: a request now waits for one to come back."""
+        return self._slots.locked()
+
     async def send(self, head: bytes, body: bytes) -> Response:
         """Write a request on a connection (pooled, else new); return its response. The caller
         awaits ``Response.wait_head``."""

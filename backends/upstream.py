@@ -133,15 +133,16 @@ class UpstreamClient:
         head = pool.head(path, len(body), headers)
         response: Response | None = None
         connecting = True
+        pool_was_full = pool.is_full
         started_s = time.perf_counter()
         try:
             async with asyncio.timeout(wait_s):
                 try:
                     response = await pool.send(head, body)
-                finally:
-                    connecting = False
+                finally:  # the wait counts on the trace even when it failed
                     if timer is not None:
                         timer("upstream_connect", started_s)
+                connecting = False
                 await response.wait_head()
                 if is_stream and response.status == 200:
                     first = await response.readany()
@@ -152,11 +153,17 @@ class UpstreamClient:
         except TimeoutError:
             if response is not None:
                 response.close()
+            if connecting and pool_was_full:  # busy, not broken: the backend is not marked
+                raise UpstreamFailure(
+                    backend, "pool_timeout",
+                    f"all {settings.max_connections_per_backend} connections to backend "
+                    f"{backend.name!r} stayed busy for {wait_s:g} s", is_timeout=True,
+                ) from None
             if connecting:
                 raise UpstreamFailure(
                     backend, "connect",
                     f"cannot connect to backend {backend.name!r} within "
-                    f"{settings.connect_timeout_s:g} s", is_timeout=True,
+                    f"{min(wait_s, settings.connect_timeout_s):g} s", is_timeout=True,
                 ) from None
             raise UpstreamFailure(
                 backend, "timeout",

@@ -16,6 +16,8 @@ import pytest
 
 from backends import http1
 from backends.http1 import Pool, UpstreamBroken
+from backends.registry import Backend
+from backends.upstream import UpstreamClient, UpstreamFailure
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Server"], Awaitable[None]]
 
@@ -286,3 +288,46 @@ def test_header_line_breaks_are_refused_and_bad_urls_named() -> None:
         pool.head("/x", 0, {"X-Request-Id": "a\r\nX-Evil: 1"})
     with pytest.raises(ValueError, match="not an http"):
         Pool("ftp://example.test", 1, 1.0)
+
+
+@dataclass
+class _Timeouts:
+    connect_timeout_s: float = 1.0
+    first_byte_timeout_s: float = 0.6
+    request_timeout_s: float = 0.2
+    idle_timeout_s: float = 1.0
+    max_connections_per_backend: int = 1
+
+
+async def test_upstream_client_names_each_failure() -> None:
+    """A busy pool, an engine that never answers and a refused connection are three
+    different failures; only the last one says the backend is down."""
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     server: Server) -> None:
+        await server.read_request(reader)
+        await asyncio.sleep(1.0)  # answers nothing within the client's timeouts
+
+    async with running(silent) as server:
+        client = UpstreamClient(_Timeouts())
+        await client.start()
+        backend = Backend(name="b", url=f"http://127.0.0.1:{server.port}",
+                          models=frozenset({"m"}))
+        # A stream (0.6 s to its first byte) holds the only connection for longer than the
+        # second request (0.2 s in all) may wait.
+        first = asyncio.create_task(client.open(backend, "/x", b"{}", {}, is_stream=True))
+        await asyncio.sleep(0.05)
+        with pytest.raises(UpstreamFailure) as busy:
+            await client.open(backend, "/x", b"{}", {}, is_stream=False)
+        assert (busy.value.reason, busy.value.is_timeout) == ("pool_timeout", True)
+        with pytest.raises(UpstreamFailure) as silence:
+            await first
+        assert (silence.value.reason, silence.value.is_timeout) == ("timeout", True)
+        await client.close()
+        port = server.port
+    client = UpstreamClient(_Timeouts())
+    await client.start()
+    gone = Backend(name="gone", url=f"http://127.0.0.1:{port}", models=frozenset({"m"}))
+    with pytest.raises(UpstreamFailure) as refused:
+        await client.open(gone, "/x", b"{}", {}, is_stream=False)
+    assert refused.value.reason == "connect" and "cannot connect" in str(refused.value)
+    await client.close()
