@@ -16,8 +16,9 @@ by httptools (llhttp, Node.js's parser), the body handed over as the chunks arri
 - Flow control: a response whose unread buffer passes ``HIGH_WATER_BYTES`` pauses reading
   from the socket until the consumer catches up.
 
-Complexity: O(1) per request and per chunk. Not supported: pipelining, HTTP/2, 1xx-upgrade,
-bodies ended by closing the connection (every engine sends a length or chunks).
+Complexity: O(1) per request and per chunk. Not supported: pipelining, HTTP/2, upgrades. A
+body with neither a length nor chunks ends when the engine closes the connection (HTTP/1.0
+style); such a connection is not reused.
 """
 
 from __future__ import annotations
@@ -156,6 +157,7 @@ class Connection(asyncio.Protocol):
         self._response: Response | None = None
         self._raw_headers: list[tuple[bytes, bytes]] = []
         self._paused = False
+        self._until_eof = False  # the body has neither a length nor chunks: it ends at EOF
         self.is_closed = False
         self.in_use = False
         self.idle_since = 0.0
@@ -207,8 +209,13 @@ class Connection(asyncio.Protocol):
         self._transport = None
         response, self._response = self._response, None
         if response is not None:
-            response._fail(UpstreamBroken(
-                "the engine closed the connection" if exc is None else f"connection lost ({exc})"))
+            if self._until_eof and exc is None:
+                response._eof = True
+                response._conn = None
+                response._wake()
+            else:
+                response._fail(UpstreamBroken("the engine closed the connection" if exc is None
+                                              else f"connection lost ({exc})"))
         if not was_closed:
             self._pool.forget(self)
 
@@ -223,7 +230,10 @@ class Connection(asyncio.Protocol):
         for name, value in self._raw_headers:
             headers[name.decode("latin-1").lower()] = value.decode("latin-1")
         self._raw_headers = []
-        response.status = self._parser.get_status_code()
+        response.status = status = self._parser.get_status_code()
+        self._until_eof = ("content-length" not in headers and "chunked" not in
+                           headers.get("transfer-encoding", "") and status >= 200
+                           and status not in (204, 304))
         content_type = headers.get("content-type")
         if content_type is not None:
             response.content_type = content_type.partition(";")[0].strip().lower()

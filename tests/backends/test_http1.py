@@ -223,6 +223,26 @@ async def test_connection_close_is_not_reused() -> None:
     assert server.num_connections == 3
 
 
+async def test_a_body_ended_by_closing_the_connection_is_complete() -> None:
+    async def http10(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     server: Server) -> None:
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+        writer.write(b"data: 1\n\n")
+        await writer.drain()
+        await asyncio.sleep(0.02)
+        writer.write(b"data: [DONE]\n\n")
+        await writer.drain()
+
+    async with running(http10) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 4, 1.0)
+        status, _, data = await exchange(pool)
+        assert (status, data) == (200, b"data: 1\n\ndata: [DONE]\n\n")
+        assert (await exchange(pool))[2] == b"data: 1\n\ndata: [DONE]\n\n"
+        pool.close()
+    assert server.num_connections == 2  # such a connection cannot be reused
+
+
 @pytest.mark.parametrize("reply", [
     b"NOT HTTP AT ALL\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",  # then the server hangs up
