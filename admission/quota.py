@@ -4,7 +4,9 @@
 output) and a concurrency lease atomically on the Redis server's clock; ``settle`` releases the
 lease and moves the token charge to the actual count; ``renew`` keeps a long stream's lease
 alive. The script calls of all concurrent requests made in one event-loop iteration share one
-pipelined round trip (admission/redis_batch.py). Every call is bounded by ``timeout_s``; on a
+pipelined round trip, on the store's own connection (admission/redis_pipe.py: RESP written by
+hand, a fraction of redis-py's CPU per call) when the client is a plain ``Redis``, else through
+the client (admission/redis_batch.py). Every call is bounded by ``timeout_s``; on a
 Redis error the store fails open (an in-process limiter, admission/quota_local.py) or closed (a
 503 decision). Keys and the algorithm: docs/redis.md, "Quotas".
 
@@ -17,8 +19,8 @@ Example::
     try:
         ...  # serve; renew every lease_ttl_s / 3 while streaming
     finally:
-        await store.settle(tenant.id, tenant.limits, reserved_tokens=1200, actual_tokens=used,
-                           request_id=rid)
+        store.settle_soon(tenant.id, tenant.limits, reserved_tokens=1200, actual_tokens=used,
+                          request_id=rid)   # or ``await store.settle(...)`` for its answer
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from admission.quota_types import (
     normalize_limit,
 )
 from admission.redis_batch import ScriptBatcher
+from admission.redis_pipe import RespAddress, RespScriptPipe
 
 __all__ = ["FailMode", "QuotaDecision", "QuotaLimits", "QuotaStore", "quota_keys"]
 
@@ -65,7 +68,8 @@ class QuotaStore:
     expires or this much, whichever is sooner. After a Redis error the store skips Redis for
     ``outage_retry_s`` (so an outage costs no waiting), then tries it again. Script calls are
     coalesced across concurrent requests: ``max_batch_size`` per pipeline, ``max_in_flight``
-    pipelines outstanding (admission/redis_batch.py).
+    pipelines outstanding. A plain ``Redis`` client lends only its address: the scripts go over
+    the store's own connection (``own_connection=False`` sends them through the client).
     """
 
     def __init__(
@@ -82,12 +86,19 @@ class QuotaStore:
         max_in_flight: int = 4,
         send_idle_calls_at_once: bool = True,
         settle_delay_s: float = 0.05,
+        own_connection: bool = True,
     ) -> None:
         if fail_mode not in ("open", "closed"):
             raise ValueError(f"fail_mode must be 'open' or 'closed', not {fail_mode!r}")
-        self._batcher = ScriptBatcher(redis, timeout_s=timeout_s, max_batch_size=max_batch_size,
-                                      max_in_flight=max_in_flight,
-                                      send_idle_calls_at_once=send_idle_calls_at_once)
+        address = RespAddress.of(redis) if own_connection else None
+        self._batcher: RespScriptPipe | ScriptBatcher = (
+            RespScriptPipe(address, timeout_s=timeout_s, max_batch_size=max_batch_size,
+                           max_in_flight=max_in_flight,
+                           send_idle_calls_at_once=send_idle_calls_at_once)
+            if address is not None else
+            ScriptBatcher(redis, timeout_s=timeout_s, max_batch_size=max_batch_size,
+                          max_in_flight=max_in_flight,
+                          send_idle_calls_at_once=send_idle_calls_at_once))
         self.lease_ttl_s = lease_ttl_s
         # A settle waits up to this long to ride with the next acquire (0: sent at once).
         self.settle_delay_s = settle_delay_s
@@ -184,6 +195,44 @@ class QuotaStore:
                                  deferrable=True)
         return bool(reply)
 
+    def settle_soon(self, tenant_id: str, limits: LimitsLike, *, reserved_tokens: int,
+                    actual_tokens: int, request_id: str) -> None:
+        """``settle`` without waiting for its answer, and without a task: the call is queued
+        (it rides with the next acquire, or leaves after ``settle_delay_s``) and its outcome
+        recorded when the reply comes."""
+        if self._local.holds(request_id):
+            self._local.settle(tenant_id, limits, reserved_tokens=reserved_tokens,
+                               actual_tokens=actual_tokens, request_id=request_id,
+                               now_s=self._clock())
+            return
+        if self._clock() < self._skip_redis_until:
+            return  # Redis is down: the lease expires by its TTL
+        _, tok_key, leases_key = quota_keys(tenant_id)
+        args = (normalize_limit(limits.tokens_per_minute), reserved_tokens, actual_tokens,
+                request_id)
+        if self.settle_delay_s > 0:
+            future = self._batcher.defer(SETTLE_SCRIPT, (tok_key, leases_key), args,
+                                         self.settle_delay_s)
+        else:
+            future = self._batcher.call(SETTLE_SCRIPT, (tok_key, leases_key), args)
+        future.add_done_callback(self._on_settled)
+
+    def _on_settled(self, future: asyncio.Future[Any]) -> None:
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is None:
+            self._on_success()
+        elif isinstance(exc, (RedisError, OSError, TimeoutError)):
+            self._on_error(exc)
+        else:
+            log.error("quota store: settle failed: %r", exc)
+
+    async def aclose(self) -> None:
+        """Close the store's own Redis connection, if it has one (not the client's)."""
+        if isinstance(self._batcher, RespScriptPipe):
+            await self._batcher.aclose()
+
     async def renew(self, tenant_id: str, request_id: str) -> bool:
         """Extend the lease by ``lease_ttl_s``; call every ``lease_ttl_s / 3`` while streaming.
         False when the lease is gone (it expired, or was settled) or Redis is unreachable."""
@@ -200,20 +249,30 @@ class QuotaStore:
         ``deferrable`` call rides with the next one sent, or leaves after ``settle_delay_s``."""
         if self._clock() < self._skip_redis_until:
             return None
+        batcher = self._batcher
         try:
-            async with asyncio.timeout(self._timeout_s + (self.settle_delay_s if deferrable
-                                                          else 0.0)):
-                reply = await (self._batcher.run_deferred(script, keys, args, self.settle_delay_s)
+            if batcher.bounds_calls:  # it answers every call within timeout_s itself
+                reply = await (batcher.defer(script, keys, args, self.settle_delay_s)
                                if deferrable and self.settle_delay_s > 0
-                               else self._batcher.run(script, keys, args))
+                               else batcher.call(script, keys, args))
+            else:
+                async with asyncio.timeout(self._timeout_s + (self.settle_delay_s if deferrable
+                                                              else 0.0)):
+                    reply = await (batcher.run_deferred(script, keys, args, self.settle_delay_s)
+                                   if deferrable and self.settle_delay_s > 0
+                                   else batcher.run(script, keys, args))
         except (RedisError, OSError, TimeoutError) as exc:
             self._on_error(exc)
             return None
         if self._outage_started is not None:
+            self._on_success()
+        return reply
+
+    def _on_success(self) -> None:
+        if self._outage_started is not None:
             log.warning("quota store: Redis is back after %.1f s",
                         self._clock() - self._outage_started)
             self._outage_started = None
-        return reply
 
     def _on_error(self, exc: BaseException) -> None:
         self.num_redis_errors += 1

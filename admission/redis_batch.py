@@ -64,8 +64,10 @@ class ScriptBatcher:
     At most ``max_batch_size`` calls go in one pipeline (more make several) and at most
     ``max_in_flight`` pipelines are outstanding; while they all are, new calls wait and go out
     together when one returns, so batches grow with the load instead of the number of
-    connections. A pipeline is bounded by ``timeout_s`` like each caller.
+    connections. A pipeline is bounded by ``timeout_s``; callers bound their own wait.
     """
+
+    bounds_calls = False  # a queued call can wait longer than timeout_s: callers add a timer
 
     def __init__(
         self,
@@ -131,13 +133,18 @@ class ScriptBatcher:
                            args: Sequence[str | int], max_delay_s: float) -> Any:
         """Like ``run``, for a call that may wait up to ``max_delay_s``: it goes with the next
         call that is sent (one round trip for both), or on its own when the delay is up."""
+        return await self.defer(script, keys, args, max_delay_s)
+
+    def defer(self, script: LuaScript, keys: Sequence[str], args: Sequence[str | int],
+              max_delay_s: float) -> asyncio.Future[Any]:
+        """``run_deferred`` without waiting: the future holds the reply or the error."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._deferred.append(_Call(script, keys, args, future))
         self.num_calls += 1
         if self._defer_timer is None:
             self._defer_timer = loop.call_later(max_delay_s, self._flush_deferred)
-        return await future
+        return future
 
     def _take_deferred(self) -> list[_Call]:
         deferred, self._deferred = self._deferred, []

@@ -4,6 +4,7 @@ One run (``flock /tmp/switchyard-bench.lock`` around it on a shared machine)::
 
     python -m bench.admission_bench            # the full benchmark (about 10 minutes)
     python -m bench.admission_bench --quick    # a smoke run (about 30 s, 2 workers)
+    python -m bench.admission_bench --costs-only   # only the admission cost (about 4 min)
 
 1. **Fleet**: a private Redis, simulated workers (small batches, slowed down, so the fleet
    saturates at a rate a 2-core machine can drive) joining through heartbeats, and two
@@ -57,7 +58,7 @@ from bench.admission_bench_load import (
     drive_closed,
 )
 from bench.admission_bench_quota import measure_costs, measure_quota
-from bench.admission_bench_report import judge, markdown
+from bench.admission_bench_report import costs_table, judge, markdown
 from bench.report import machine
 from bench.run.options import DEFAULT_SLOS
 
@@ -159,12 +160,14 @@ def measure_capacity(fifo: GatewayProc, keys: Keys, plan: Plan, workers: Sequenc
             "is_capacity_met": bool(passing), "sweep": sweep}
 
 
-def run_main_fleet(workdir: Path, plan: Plan) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Capacity, then every load level with admission on and off."""
+def run_main_fleet(workdir: Path, plan: Plan, admission: Mapping[str, Any] | None = None
+                   ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Capacity, then every load level with admission on and off; ``admission``: settings
+    for the admission-on gateway beyond the defaults (e.g. ``{"headroom_factor": 1.0}``)."""
     with Fleet(workdir) as fleet:
         workers = fleet.start_sim(plan.num_workers, max_batch=plan.max_batch,
                                   speed_factor=plan.speed_factor)
-        off, on = fleet.start_gateways([False, True])
+        off, on = fleet.start_gateways([False, True], admission=[{}, dict(admission or {})])
         gateways = {"off": off, "on": on}
         keys = provision(gateways["off"].url, fleet.admin_token, plan.mix.tenants, TIERS)
         for gateway in gateways.values():
@@ -199,17 +202,36 @@ def run_mock_fleet(workdir: Path, plan: Plan) -> tuple[dict[str, Any], dict[str,
     return quota, costs
 
 
+def run_costs_only(workdir: Path, plan: Plan) -> dict[str, Any]:
+    """The admission cost alone, on the mock fleet of `run_mock_fleet` (no quota phase)."""
+    with Fleet(workdir) as fleet:
+        backend = fleet.start_mock()
+        plain, slo_gateway = fleet.start_gateways([False, True], [backend])
+        return measure_costs(fleet, {False: plain, True: slo_gateway},
+                             num_requests=plan.cost_requests, num_warmup=plan.cost_warmup,
+                             runs=plan.cost_runs)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.admission_bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds a phase")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--headroom-factor", type=float, default=None,
+                        help="admission.headroom_factor of the admission-on gateway "
+                        "(default: the gateway's default)")
+    parser.add_argument("--costs-only", action="store_true",
+                        help="only the admission cost part (CPU and Redis calls per request)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else Plan()
+    if args.costs_only:
+        return _costs_only(plan, args.results_dir, argv)
     started = time.time()
     loadavg_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="sy-admission-") as tmp:
-        capacity, levels = run_main_fleet(Path(tmp) / "sim", plan)
+        overrides = ({} if args.headroom_factor is None
+                     else {"headroom_factor": args.headroom_factor})
+        capacity, levels = run_main_fleet(Path(tmp) / "sim", plan, overrides)
         main_fleet_s = time.time() - started
         quota, costs = run_mock_fleet(Path(tmp) / "mock", plan)
     document: dict[str, Any] = {
@@ -219,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         "duration_s": time.time() - started, "main_fleet_s": main_fleet_s,
         "machine": machine(),
         "loadavg_at_start": loadavg_at_start, "loadavg_at_end": os.getloadavg(),
-        "plan": dataclasses.asdict(plan),
+        "plan": dataclasses.asdict(plan), "admission_overrides": overrides,
         "slos": {tier: slo.ttft_s for tier, slo in DEFAULT_SLOS.items()},
         "capacity": capacity, "levels": levels, "quota": quota, "costs": costs,
     }
@@ -228,6 +250,24 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(document, targets))
     args.results_dir.mkdir(parents=True, exist_ok=True)
     path = args.results_dir / time.strftime("admission-%Y%m%d-%H%M%S.json")
+    path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
+    print(f"results: {path}")
+    return 0
+
+
+def _costs_only(plan: Plan, results_dir: Path, argv: list[str] | None) -> int:
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="sy-admission-") as tmp:
+        costs = run_costs_only(Path(tmp) / "mock", plan)
+    document = {"benchmark": "admission-costs", "issue": 5,
+                "command": " ".join(["python -m bench.admission_bench",
+                                     *(argv or sys.argv[1:])]),
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+                "duration_s": time.time() - started, "machine": machine(),
+                "plan": dataclasses.asdict(plan), "costs": costs}
+    print(costs_table(costs))
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / time.strftime("admission-costs-%Y%m%d-%H%M%S.json")
     path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
     print(f"results: {path}")
     return 0

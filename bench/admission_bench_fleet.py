@@ -99,11 +99,13 @@ class Fleet:
         wait_http(url + "/health", group=self.group)
         return {"name": "mock-0", "url": url, "models": [MOCK_MODEL]}
 
-    def start_gateways(self, modes: Sequence[bool], backends: Sequence[Mapping[str, Any]] = ()
-                       ) -> list[GatewayProc]:
-        """One gateway per entry of ``modes`` (SLO admission on or off), started together."""
+    def start_gateways(self, modes: Sequence[bool], backends: Sequence[Mapping[str, Any]] = (),
+                       admission: Sequence[Mapping[str, Any]] = ()) -> list[GatewayProc]:
+        """One gateway per entry of ``modes`` (SLO admission on or off), started together;
+        ``admission`` (if given, one per gateway) adds settings to each one's ``admission``."""
         started = []
-        for slo_enabled in modes:
+        extras = list(admission) or [{}] * len(modes)
+        for slo_enabled, extra in zip(modes, extras, strict=True):
             port = free_port()
             self._num_gateways += 1
             name = f"gateway-{self._num_gateways}"
@@ -111,7 +113,7 @@ class Fleet:
                 "listen": {"host": "127.0.0.1", "port": port}, "redis_url": self.redis_url,
                 "admin_token": self.admin_token, "key_secret": self.key_secret,
                 "backends": list(backends), "log_level": "warning",
-                "admission": {"slo_enabled": slo_enabled},
+                "admission": {"slo_enabled": slo_enabled, **extra},
             }
             path = self.workdir / f"{name}.yaml"
             path.write_text(yaml.safe_dump(config, sort_keys=False))

@@ -63,6 +63,19 @@ def judge(document: dict[str, Any]) -> list[dict[str, Any]]:
             for label, value, limit, op in rows]
 
 
+def costs_table(costs: dict[str, Any]) -> str:
+    """The admission cost per set-up (medians of the runs)."""
+    return _table(["set-up", "gateway CPU-µs / request", "Redis CPU-µs / request",
+                   "req/s (c=4)", "p50 (ms)",
+                   "EVALSHA / request", "quota round trips / request",
+                   "commands inside scripts / request", "other Redis calls / request"],
+                  [[name, c["gateway_cpu_us_per_request"], c["redis_cpu_us_per_request"],
+                    c["requests_per_s"], c["p50_ms"],
+                    c["evalsha_per_request"], c.get("quota_round_trips_per_request", "-"),
+                    c["script_commands_per_request"], c["other_redis_calls_per_request"]]
+                   for name, c in costs.items()])
+
+
 def _fmt(value: Any, digits: int = 3) -> str:
     if value is None:
         return "-"
@@ -155,15 +168,7 @@ def markdown(document: dict[str, Any], targets: Sequence[dict[str, Any]]) -> str
                    [[quota["num_replicas"], quota["rpm"], quota["num_sent"], quota["window_s"],
                      quota["num_admitted"], quota["allowance"], f"{_fmt(quota['error_pct'])}%",
                      f"{_fmt(quota.get('steady_rate_error_pct'))}%"]]), ""]
-    out += [_table(["set-up", "gateway CPU-µs / request", "Redis CPU-µs / request",
-                    "req/s (c=4)", "p50 (ms)",
-                    "EVALSHA / request", "quota round trips / request",
-                    "commands inside scripts / request", "other Redis calls / request"],
-                   [[name, c["gateway_cpu_us_per_request"], c["redis_cpu_us_per_request"],
-                     c["requests_per_s"], c["p50_ms"],
-                     c["evalsha_per_request"], c.get("quota_round_trips_per_request", "-"),
-                     c["script_commands_per_request"], c["other_redis_calls_per_request"]]
-                    for name, c in document["costs"].items()]), ""]
+    out += [costs_table(document["costs"]), ""]
     out += [_table(["target", "value", "limit", "result"],
                    [[t["label"], t["value"], f"{t['op']} {t['limit']:g}",
                      "**PASS**" if t["passed"] else "**FAIL**"] for t in targets])]

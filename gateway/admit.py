@@ -1,9 +1,10 @@
 """Per-request quota admission in the gateway: acquire before routing, settle when done.
 
 One Redis round trip per admitted request (``QuotaStore.acquire``, a single Lua script), none
-for a tenant without limits. The settlement (lease release and token refund) runs off the
-response path. Streams renew their lease every third of its TTL, so a long stream never loses
-its slot, and a crashed gateway's leases expire by themselves.
+for a tenant without limits. The settlement (lease release and token refund) is queued without
+waiting (``QuotaStore.settle_soon``) and rides with the next request's acquire. Streams renew
+their lease every third of its TTL, so a long stream never loses its slot, and a crashed
+gateway's leases expire by themselves.
 
 Example::
 
@@ -103,14 +104,11 @@ def finish_quota(ticket: QuotaTicket) -> None:
     ticket.store = None  # settle exactly once
     if not ticket.needs_lease and not ticket.limits_tokens:
         return  # a request-rate limit only: nothing held, nothing to refund
-    actual = ticket.num_prompt_tokens + ticket.num_output_tokens
-    task = asyncio.get_running_loop().create_task(store.settle(
-        ticket.tenant_id, ticket.limits,  # type: ignore[arg-type]
-        reserved_tokens=ticket.reserved_tokens, actual_tokens=actual,
-        request_id=ticket.request_id,
-    ))
-    _PENDING.add(task)
-    task.add_done_callback(_PENDING.discard)
+    # No task: the settle is queued in the store and rides with the next acquire.
+    store.settle_soon(ticket.tenant_id, ticket.limits,  # type: ignore[arg-type]
+                      reserved_tokens=ticket.reserved_tokens,
+                      actual_tokens=ticket.num_prompt_tokens + ticket.num_output_tokens,
+                      request_id=ticket.request_id)
 
 
 def renew_lease(ticket: QuotaTicket) -> None:

@@ -155,8 +155,9 @@ class AdmissionSettings(_Strict):
                                     description="share of dispatch guaranteed to lower tiers")
     max_queue_len: int = Field(10_000, ge=1)
     headroom_factor: float = Field(
-        1.0, ge=0, description="free batch slots kept for higher tiers: this times their "
-        "expected arrivals within their TTFT SLO (0: none); see admission/headroom.py")
+        0.5, ge=0, description="free batch slots kept for higher tiers: this times their "
+        "expected arrivals within their TTFT SLO, to the nearest slot, at least one (0: none); "
+        "see admission/headroom.py")
     headroom_max_share: float = Field(
         0.25, ge=0, lt=1, description="at most this share of the fleet's batch slots is kept")
 

@@ -49,7 +49,7 @@ TIER_HEADER = "x-switchyard-tier"
 class SloAdmission:
     def __init__(self, tiers: Iterable[Tier | TierConfig], router: Router, *,
                  is_enabled: bool = True, tick_s: float = 0.01,
-                 queue_config: FairQueueConfig | None = None, headroom_factor: float = 1.0,
+                 queue_config: FairQueueConfig | None = None, headroom_factor: float = 0.5,
                  headroom_max_share: float = 0.25) -> None:
         self.tiers = tier_table(tiers)
         self.arrivals = ArrivalRates()

@@ -59,11 +59,15 @@ def test_arrival_rate_converges_and_decays() -> None:
 @pytest.mark.parametrize(("tier", "per_s", "factor", "total", "expected"), [
     ("interactive", {"interactive": 4.0}, 1.0, 16, 0),  # the top tier keeps nothing
     ("standard", {"interactive": 4.0}, 1.0, 16, 2),     # 4/s x 0.5 s
-    ("standard", {"interactive": 5.0}, 1.0, 16, 3),     # 2.5 -> 3
+    ("standard", {"interactive": 5.4}, 1.0, 16, 3),     # 2.7 -> 3
     ("standard", {"interactive": 4.0}, 0.0, 16, 0),     # turned off
     ("standard", {"batch": 50.0}, 1.0, 16, 0),          # nothing above standard
     ("batch", {"interactive": 4.0, "standard": 1.0}, 1.0, 16, 4),  # 2 + 1 x 2 s
     ("batch", {"interactive": 40.0}, 1.0, 16, 4),       # capped at a quarter of 16
+    ("standard", {"interactive": 4.3}, 0.5, 16, 1),     # 1.075: the nearest slot, not 2
+    ("standard", {"interactive": 6.4}, 0.5, 16, 2),     # 1.6 -> 2
+    ("standard", {"interactive": 0.2}, 0.5, 16, 1),     # 0.05: still one slot
+    ("standard", {"interactive": 4.0}, 0.5, 2, 0),      # a quarter of 2 slots: none
 ])
 def test_reserved_slots(tier: str, per_s: dict[str, float], factor: float, total: int,
                         expected: int) -> None:

@@ -93,6 +93,14 @@ async def warm(store: QuotaStore, num_calls: int = 1, tenant: str | None = None)
         store.renew(tenant, rid()))
 
 
+@pytest.fixture(params=[pytest.param(True, id="own-connection"),
+                        pytest.param(False, id="redis-py")])
+def own_connection(request: pytest.FixtureRequest) -> bool:
+    """Every test runs on the store's own connection (admission/redis_pipe.py) and through
+    redis-py (admission/redis_batch.py): the same scheduling, two transports."""
+    return bool(request.param)
+
+
 def batching_store(client: aioredis.Redis | RedisCluster, **options: Any) -> QuotaStore:
     """A store whose every call goes through the batch (none sent at once when idle)."""
     return QuotaStore(client, send_idle_calls_at_once=False, **options)
@@ -102,8 +110,9 @@ def round_trips(store: QuotaStore) -> int:
     return store.counters()["num_redis_round_trips"]
 
 
-async def test_one_batch_is_one_read_and_one_write_in_redis(redis: aioredis.Redis) -> None:
-    store = batching_store(redis)
+async def test_one_batch_is_one_read_and_one_write_in_redis(redis: aioredis.Redis,
+                                                            own_connection: bool) -> None:
+    store = batching_store(redis, own_connection=own_connection)
     await warm(store, num_calls=32)
     limits, tenant, server = QuotaLimits(requests_per_minute=20), new_tenant(), ServerCounts(redis)
     trips_before = round_trips(store)
@@ -119,8 +128,9 @@ async def test_one_batch_is_one_read_and_one_write_in_redis(redis: aioredis.Redi
                          [pytest.param(256, 1, id="one-pipeline"),
                           pytest.param(32, 3, id="split-in-three")])
 async def test_concurrent_acquires_are_exact(redis: aioredis.Redis, max_batch_size: int,
-                                             num_round_trips: int) -> None:
-    store = batching_store(redis, max_batch_size=max_batch_size)
+                                             num_round_trips: int, own_connection: bool) -> None:
+    store = batching_store(redis, own_connection=own_connection,
+                           max_batch_size=max_batch_size)
     await warm(store, num_calls=80)
     limits, tenant, server = QuotaLimits(requests_per_minute=50), new_tenant(), ServerCounts(redis)
     trips_before = round_trips(store)
@@ -141,8 +151,8 @@ async def test_concurrent_acquires_are_exact(redis: aioredis.Redis, max_batch_si
 
 
 async def test_acquires_settles_and_renews_of_many_tenants_share_a_round_trip(
-        redis: aioredis.Redis) -> None:
-    store = batching_store(redis)
+        redis: aioredis.Redis, own_connection: bool) -> None:
+    store = batching_store(redis, own_connection=own_connection)
     await warm(store)
     limits = QuotaLimits(tokens_per_minute=1000, max_concurrent=2)
     tenants = [new_tenant() for _ in range(3)]
@@ -167,10 +177,13 @@ async def test_acquires_settles_and_renews_of_many_tenants_share_a_round_trip(
     assert all(400 <= (d.remaining_tokens or 0) <= 405 for d in acquired)  # 1000 - 500 - 100
 
 
-async def test_noscript_inside_a_batch_is_sent_again_with_eval(redis: aioredis.Redis) -> None:
-    store, limits = batching_store(redis), QuotaLimits(requests_per_minute=100)
+async def test_noscript_inside_a_batch_is_sent_again_with_eval(redis: aioredis.Redis,
+                                                               own_connection: bool) -> None:
+    store = batching_store(redis, own_connection=own_connection)
+    limits = QuotaLimits(requests_per_minute=100)
     await warm(store)
     await redis.script_flush()
+    loads_before = store.counters()["num_script_loads"]  # warm's own, if a test flushed before
     tenant, server = new_tenant(), ServerCounts(redis)
     await server.start()
     decisions = await asyncio.gather(*(store.acquire(tenant, limits, tokens=0, request_id=rid())
@@ -178,20 +191,22 @@ async def test_noscript_inside_a_batch_is_sent_again_with_eval(redis: aioredis.R
     assert [d.remaining_requests for d in decisions] == list(range(99, 79, -1))
     assert not any(d.is_local for d in decisions) and not store.is_redis_down
     assert (await server.stop())[1] == 20
-    assert store.counters()["num_script_loads"] == 20  # one per call, as before batching
+    assert store.counters()["num_script_loads"] - loads_before == 20  # one per call
     trips_before = round_trips(store)
     await asyncio.gather(*(store.acquire(tenant, limits, tokens=0, request_id=rid())
                            for _ in range(20)))
     assert round_trips(store) - trips_before == 1
-    assert store.counters()["num_script_loads"] == 20 and store.counters()["num_redis_errors"] == 0
+    assert store.counters()["num_script_loads"] - loads_before == 20
+    assert store.counters()["num_redis_errors"] == 0
 
 
 @pytest.mark.parametrize("fail_mode", ["open", "closed"])
 async def test_redis_killed_mid_batch_fails_every_caller_promptly(
-        procs: ProcessGroup, workdir: Path, fail_mode: FailMode) -> None:
+        procs: ProcessGroup, workdir: Path, fail_mode: FailMode, own_connection: bool) -> None:
     port = free_port()
     client = aioredis.Redis.from_url(start_redis(procs, workdir, port))
-    store = batching_store(client, fail_mode=fail_mode, timeout_s=2.0)
+    store = batching_store(client, own_connection=own_connection, fail_mode=fail_mode,
+                           timeout_s=2.0)
     await warm(store)
     pauser = aioredis.Redis(host="127.0.0.1", port=port)
     await pauser.execute_command("CLIENT", "PAUSE", 10_000, "ALL")  # the batch hangs in Redis
@@ -221,8 +236,9 @@ async def test_redis_killed_mid_batch_fails_every_caller_promptly(
 
 
 async def test_calls_wait_while_pipelines_are_out_then_leave_together(
-        redis: aioredis.Redis) -> None:
-    store = batching_store(redis, timeout_s=2.0, max_in_flight=1)
+        redis: aioredis.Redis, own_connection: bool) -> None:
+    store = batching_store(redis, own_connection=own_connection, timeout_s=2.0,
+                           max_in_flight=1)
     await warm(store)
     limits, tenant = QuotaLimits(requests_per_minute=100), new_tenant()
     trips_before = round_trips(store)
@@ -242,8 +258,10 @@ async def test_calls_wait_while_pipelines_are_out_then_leave_together(
     assert [d.remaining_requests for d in decisions] == list(range(99, 84, -1))
 
 
-async def test_cancelled_callers_leave_the_others_unaffected(redis: aioredis.Redis) -> None:
-    store, limits = batching_store(redis, timeout_s=2.0), QuotaLimits(requests_per_minute=10)
+async def test_cancelled_callers_leave_the_others_unaffected(redis: aioredis.Redis,
+                                                             own_connection: bool) -> None:
+    store = batching_store(redis, own_connection=own_connection, timeout_s=2.0)
+    limits = QuotaLimits(requests_per_minute=10)
     await warm(store)
     tenant, server = new_tenant(), ServerCounts(redis)
     await server.start()
@@ -350,10 +368,10 @@ def tenant_on(client: RedisCluster, is_low: bool) -> str:
 
 
 async def test_an_idle_store_sends_a_lone_call_at_once_and_batches_the_rest(
-        redis: aioredis.Redis) -> None:
+        redis: aioredis.Redis, own_connection: bool) -> None:
     """With nothing out, a call goes at once, as a plain EVALSHA; calls made while it is out
     leave together in one pipeline after it."""
-    store = QuotaStore(redis)
+    store = QuotaStore(redis, own_connection=own_connection)
     await warm(store)
     limits, tenant = QuotaLimits(requests_per_minute=100), new_tenant()
     trips_before = round_trips(store)
@@ -366,11 +384,11 @@ async def test_an_idle_store_sends_a_lone_call_at_once_and_batches_the_rest(
 
 
 async def test_a_settle_rides_with_the_next_acquire_or_leaves_after_its_delay(
-        redis: aioredis.Redis) -> None:
+        redis: aioredis.Redis, own_connection: bool) -> None:
     """One lease (max_concurrent 1): the settle waits for the next acquire and goes first in
     the same round trip, so that acquire gets the lease; a settle with nothing to ride with
     leaves on its own once its delay is up."""
-    store = QuotaStore(redis, settle_delay_s=0.3)
+    store = QuotaStore(redis, own_connection=own_connection, settle_delay_s=0.3)
     await warm(store)
     limits, tenant = QuotaLimits(max_concurrent=1), new_tenant()
     first = rid()
