@@ -161,8 +161,16 @@ class RespScriptPipe:
             self._defer_timer = loop.call_later(max_delay_s, self._flush_deferred)
         return future
 
-    async def aclose(self) -> None:
-        """Fail what is queued and close the connection."""
+    async def aclose(self, flush_timeout_s: float = 1.0) -> None:
+        """Send what is deferred or queued and wait up to ``flush_timeout_s`` for the answers
+        (the last requests' settles reach Redis on shutdown, instead of holding their leases
+        until the TTL), then fail what is left and close the connection."""
+        if flush_timeout_s > 0 and (self._deferred or self._pending or self._unanswered):
+            self._flush_deferred()
+            waiting = [queued.future for queued in self._pending]
+            waiting += [queued.future for write in self._unanswered for queued in write.calls]
+            if waiting:
+                await asyncio.wait(waiting, timeout=flush_timeout_s)
         self._drop_connection(RedisConnectionError("quota script pipe closed"))
         _fail(self._pending, RedisConnectionError("quota script pipe closed"))
         self._pending.clear()

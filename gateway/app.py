@@ -183,6 +183,7 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await upstream.close()
+            await quotas.aclose()  # the last requests' settles go out first
             await redis.aclose()
 
     app.cleanup_ctx.append(lifecycle)

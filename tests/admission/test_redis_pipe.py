@@ -143,12 +143,38 @@ async def test_settle_soon_releases_without_a_task(redis: aioredis.Redis) -> Non
     await store.aclose()
 
 
-async def test_closed_pipe_fails_its_calls(redis: aioredis.Redis) -> None:
+async def test_closing_sends_what_is_deferred_then_fails_what_is_unanswered(
+        redis: aioredis.Redis, private_redis_url: str, procs: ProcessGroup) -> None:
     address = RespAddress.of(redis)
     assert address is not None
     pipe = RespScriptPipe(address, timeout_s=1.0)
     assert await pipe.run(RENEW_SCRIPT, ("sy:quota:{x}:leases",), ("r", 1000)) == 0
     deferred = pipe.defer(RENEW_SCRIPT, ("sy:quota:{x}:leases",), ("r", 1000), 10.0)
     await pipe.aclose()
+    assert deferred.done() and deferred.result() == 0  # sent and answered, not dropped
+
+    # A Redis that does not answer: closing waits only flush_timeout_s, then fails the call.
+    pipe = RespScriptPipe(address, timeout_s=5.0)
+    assert await pipe.run(RENEW_SCRIPT, ("sy:quota:{x}:leases",), ("r", 1000)) == 0
+    stalled = pipe.defer(RENEW_SCRIPT, ("sy:quota:{x}:leases",), ("r", 1000), 10.0)
+    await redis.execute_command("CLIENT", "PAUSE", 1000, "ALL")
+    try:
+        started = time.monotonic()
+        await pipe.aclose(flush_timeout_s=0.2)
+        assert time.monotonic() - started < 0.9
+    finally:
+        await redis.execute_command("CLIENT", "UNPAUSE")
     with pytest.raises(RedisConnectionError):
-        await deferred
+        await stalled
+
+
+async def test_closing_the_store_settles_the_last_requests(redis: aioredis.Redis) -> None:
+    store = QuotaStore(redis, settle_delay_s=10.0)
+    limits, tenant = QuotaLimits(max_concurrent=1), new_tenant()
+    request_id = rid()
+    assert (await store.acquire(tenant, limits, tokens=10, request_id=request_id)).is_allowed
+    store.settle_soon(tenant, limits, reserved_tokens=10, actual_tokens=10,
+                      request_id=request_id)
+    assert await redis.zcard(quota_keys(tenant)[2]) == 1
+    await store.aclose()
+    assert await redis.zcard(quota_keys(tenant)[2]) == 0
