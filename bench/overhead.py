@@ -155,8 +155,14 @@ def measure_phase(fleet: BenchFleet, phase: Phase) -> Figures:
 
 
 def derived(figures: Figures) -> Figures:
-    """Added latency and throughput ratios of each proxy against the engine alone."""
+    """Added latency and throughput ratios of each proxy against the engine alone, and the
+    gateway's CPU against the bare proxy's in the same run (the machine's speed varies from
+    day to day by up to ~2x; the ratio does not)."""
     out: Figures = {}
+    for phase, unit in (("nonstream", "request"), ("paced_stream", "chunk")):
+        out[f"{phase}.gateway.cpu_to_floor_ratio"] = (
+            figures[f"{phase}.gateway.proxy_cpu_us_per_{unit}"]
+            / figures[f"{phase}.floor.proxy_cpu_us_per_{unit}"])
     for target in ("floor", "gateway"):
         for q in ("p50", "p99"):
             out[f"latency.{target}.added_{q}_ms"] = (
