@@ -169,6 +169,9 @@ class FleetSync:
         backend.num_waiting = int(load.get("num_waiting", 0))
         backend.kv_usage = float(load.get("kv_usage", 0.0))
         backend.num_queued_prefill_tokens = int(load.get("num_queued_prefill_tokens", 0))
+        prefix_blocks = load.get("num_prefix_kv_blocks")  # absent from older workers
+        backend.num_prefix_kv_blocks = (int(prefix_blocks) if isinstance(prefix_blocks, int | float)
+                                        and not isinstance(prefix_blocks, bool) else None)
         backend.load_observed_s = time.monotonic() - age_s
         backend.num_finished_since_load = 0
         if backend.source == "heartbeat":

@@ -37,6 +37,7 @@ class Backend:
     num_waiting: int = 0
     kv_usage: float = 0.0
     num_queued_prefill_tokens: int = 0
+    num_prefix_kv_blocks: int | None = None  # heartbeat only; None for scraped engines
     # What this gateway has sent and not yet finished.
     num_in_flight: int = 0
     num_in_flight_tokens: int = 0
@@ -58,7 +59,8 @@ class Backend:
             num_waiting=num_waiting, kv_usage=self.kv_usage,
             num_queued_prefill_tokens=self.num_queued_prefill_tokens,
             num_in_flight=self.num_in_flight, num_in_flight_tokens=self.num_in_flight_tokens,
-            num_in_flight_prompt_tokens=self.num_in_flight_prompt_tokens, source=self.source,
+            num_in_flight_prompt_tokens=self.num_in_flight_prompt_tokens,
+            num_prefix_kv_blocks=self.num_prefix_kv_blocks, source=self.source,
         )
 
     def mark_success(self) -> None:

@@ -62,7 +62,8 @@ def _fleet(rng: random.Random) -> tuple[BackendState, ...]:
             profile=profile, num_running=rng.randrange(0, 64), num_waiting=rng.randrange(0, 8),
             kv_usage=rng.uniform(0.1, 0.9), num_queued_prefill_tokens=rng.randrange(0, 20_000),
             num_in_flight=rng.randrange(0, 32), num_in_flight_tokens=rng.randrange(0, 60_000),
-            num_in_flight_prompt_tokens=rng.randrange(0, 8_000), source="heartbeat",
+            num_in_flight_prompt_tokens=rng.randrange(0, 8_000),
+            num_prefix_kv_blocks=rng.randrange(0, 24_576), source="heartbeat",
         )
         for i in range(NUM_BACKENDS)
     )

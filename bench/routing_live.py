@@ -62,7 +62,9 @@ from bench.run.workloads import WORKLOADS, WorkloadOptions
 PROFILES = {"round_robin": FleetSpec("round_robin"), "least_load": FleetSpec("least_load"),
             "random": FleetSpec("random"),
             "prefix_affinity:approx": FleetSpec("prefix_affinity", "approx"),
-            "prefix_affinity:exact": FleetSpec("prefix_affinity", "exact")}
+            "prefix_affinity:exact": FleetSpec("prefix_affinity", "exact"),
+            "prefix_affinity_no_room:approx": FleetSpec("prefix_affinity_no_room", "approx"),
+            "prefix_affinity_no_room:exact": FleetSpec("prefix_affinity_no_room", "exact")}
 EXPERIMENTS = ("shared-prefix", "multi-turn", "hot-prefix", "kv-pressure")
 MULTI_TURN_PROFILES = ("round_robin", "prefix_affinity:approx", "prefix_affinity:exact")
 HOT_SHARE = 0.3

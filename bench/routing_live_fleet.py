@@ -57,7 +57,7 @@ class FleetSpec:
     @property
     def label(self) -> str:
         """``prefix_affinity (exact)``, or the profile name for the other profiles."""
-        return f"{self.profile} ({self.index})" if self.profile == "prefix_affinity" \
+        return f"{self.profile} ({self.index})" if self.profile.startswith("prefix_affinity") \
             else self.profile
 
 

@@ -235,6 +235,7 @@ async def get_fleet(request: web.Request) -> web.Response:
             "num_running": backend.num_running, "num_waiting": backend.num_waiting,
             "kv_usage": backend.kv_usage,
             "num_queued_prefill_tokens": backend.num_queued_prefill_tokens,
+            "num_prefix_kv_blocks": backend.num_prefix_kv_blocks,
             "num_in_flight": backend.num_in_flight, "profile": asdict(backend.profile),
         })
     return _json({"object": "list", "routing_profile": gw.router.profile.name, "data": data})

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # The built-in plugins register themselves on import.
-from routing import filters, pickers, scorers, session, ttft  # noqa: F401
+from routing import cache_room, filters, pickers, scorers, session, ttft  # noqa: F401
 from routing.plugin import Filter, Picker, Scorer, check_number
 from routing.registry import make_filter, make_picker, make_scorer
 

@@ -6,7 +6,9 @@
 - ``power_of_two``: two sampled by ``rng``, the less loaded of them;
 - ``session``: rendezvous hashing on ``session_key``; least-load without one;
 - ``prefix_affinity`` (the default): the lowest estimated TTFT, the prefix cache's saving
-  included.
+  included, and a prompt no backend holds placed where it evicts the fewest reused prefixes;
+- ``prefix_affinity_no_room``: the same without that placement (``cache_room``), for
+  comparison.
 
 Every profile first keeps the backends that serve the model, are healthy and can hold the
 request (``model``, ``healthy``, ``resources``), and prefers fresh ones (``fresh``: a stale
@@ -27,6 +29,14 @@ prefix spreads to that second backend. For example, at 10k tokens/s, a 3,000-tok
 2,800-token prefix one backend holds stays with that holder until about 3,700 tokens are queued
 there (TTFT 0.39 s against the idle backend's 0.30 s: the prefix lean buys up to ~30 % slower
 starts for cache locality), then goes to the idle one.
+
+``cache_room`` (weight 2, ``routing.cache_room``) matters under KV pressure: a prompt no backend
+holds would otherwise go wherever the load scores point, and some caches end up with more
+reused prefixes than fit and keep evicting them. It scores each backend's KV left free of
+reused prefixes after storing the request (a holder needs none for what it holds), so among
+similarly loaded backends the prompt goes where it evicts the least. Weight 2 was chosen in
+``bench.vsim`` at 35 % and 25 % KV (docs/benchmarks.md, "Cache room"); with ample KV every
+backend has room and it is neutral.
 
 Example::
 
@@ -67,6 +77,12 @@ PROFILES: Mapping[str, Mapping[str, Any]] = {
         "picker": {"type": "max_score"},
     },
     "prefix_affinity": {
+        "filters": [*_HARD, _NOT_SATURATED],
+        "scorers": [{"type": "ttft", "weight": 4}, {"type": "prefix", "weight": 1},
+                    {"type": "queue", "weight": 1}, {"type": "cache_room", "weight": 2}],
+        "picker": {"type": "max_score"},
+    },
+    "prefix_affinity_no_room": {
         "filters": [*_HARD, _NOT_SATURATED],
         "scorers": [{"type": "ttft", "weight": 4}, {"type": "prefix", "weight": 1},
                     {"type": "queue", "weight": 1}],

@@ -61,6 +61,9 @@ class BackendState:
     # prompt tokens of in-flight requests with no first token yet: this gateway's fresh view
     # of the prefill backlog (the engine's num_queued_prefill_tokens is age_s old)
     num_in_flight_prompt_tokens: int = 0
+    # cached KV blocks a later request hit: the prefixes the engine keeps for reuse (heartbeat,
+    # ``age_s`` old); None when the engine does not say (one switchyard did not start)
+    num_prefix_kv_blocks: int | None = None
     source: str = "config"  # "heartbeat", "metrics", "config"
 
 

@@ -18,6 +18,11 @@ blocks hashed and cached too.
 
 Every change to the set of cached hashes is recorded, in order, as a ``KvEvent``
 ("stored" / "removed" / "cleared") for the KV-event publisher to drain.
+
+``num_prefix_blocks`` counts the cached blocks that a later request has hit: the prefixes this
+worker keeps for reuse, as opposed to one-off prompt tails that LRU eviction reclaims first.
+``num_blocks - num_prefix_blocks`` is the room left for a new prefix before reused ones are
+evicted; workers publish it in their heartbeat and the router's ``cache_room`` scorer reads it.
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ class BlockManager:
         self._tokens_of_block: list[tuple[int, ...] | None] = [None] * num_blocks
         self._free_plain: deque[int] = deque(range(num_blocks))
         self._free_cached: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self._is_reused = [False] * num_blocks  # cached and hit by a later request
+        self.num_prefix_blocks = 0  # blocks with _is_reused set
         self._events: list[KvEvent] = []
         self.prefix_cache_queries_tokens = 0
         self.prefix_cache_hits_tokens = 0
@@ -144,10 +151,14 @@ class BlockManager:
             raise RuntimeError(f"{seq.seq_id!r} already holds blocks")
         hits, is_token_check_miss = self._hit_blocks(seq)
         self.num_token_check_misses += is_token_check_miss
+        is_reused = self._is_reused
         for block_id in hits:
             if self._ref_counts[block_id] == 0:
                 del self._free_cached[block_id]
             self._ref_counts[block_id] += 1
+            if not is_reused[block_id]:
+                is_reused[block_id] = True
+                self.num_prefix_blocks += 1
         evicted: list[int] = []
         fresh = [self._take_free_block(evicted)
                  for _ in range(self.num_blocks_for(seq.num_tokens) - len(hits))]
@@ -218,7 +229,9 @@ class BlockManager:
         for block_id in self._free_cached:
             self._hash_of_block[block_id] = None
             self._tokens_of_block[block_id] = None
+            self._is_reused[block_id] = False
             self._free_plain.append(block_id)
+        self.num_prefix_blocks = 0
         self._free_cached.clear()
         self._block_of_hash.clear()
         self._events.append(KvEvent("cleared", ()))
@@ -236,6 +249,9 @@ class BlockManager:
             del self._block_of_hash[block_hash]
             self._hash_of_block[block_id] = None
             self._tokens_of_block[block_id] = None
+            if self._is_reused[block_id]:
+                self._is_reused[block_id] = False
+                self.num_prefix_blocks -= 1
             evicted.append(block_hash)
         else:
             raise RuntimeError("no free KV block: call can_allocate / can_append first")

@@ -47,6 +47,7 @@ class EngineLoad:
     kv_usage: float  # vllm:kv_cache_usage_perc, a fraction in [0, 1]
     num_free_kv_blocks: int
     num_cached_kv_blocks: int
+    num_prefix_kv_blocks: int  # cached blocks a later request hit (BlockManager.num_prefix_blocks)
     num_queued_prefill_tokens: int
     prefix_cache_queries_tokens: int  # vllm:prefix_cache_queries_total
     prefix_cache_hits_tokens: int  # vllm:prefix_cache_hits_total
@@ -166,6 +167,7 @@ class SimEngineCore:
             kv_usage=self.kv_usage,
             num_free_kv_blocks=self.block_manager.num_free_blocks,
             num_cached_kv_blocks=self.block_manager.num_cached_blocks,
+            num_prefix_kv_blocks=self.block_manager.num_prefix_blocks,
             num_queued_prefill_tokens=self.num_queued_prefill_tokens,
             prefix_cache_queries_tokens=self.prefix_cache_queries_tokens,
             prefix_cache_hits_tokens=self.prefix_cache_hits_tokens,

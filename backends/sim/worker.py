@@ -236,6 +236,7 @@ class SimWorker:
             "num_waiting": load.num_waiting,
             "kv_usage": round(load.kv_usage, 4),
             "num_free_kv_blocks": load.num_free_kv_blocks,
+            "num_prefix_kv_blocks": load.num_prefix_kv_blocks,
             "num_queued_prefill_tokens": load.num_queued_prefill_tokens,
             "num_preemptions": load.num_preemptions,
         }

@@ -275,6 +275,7 @@ class AsyncEngine:
             "num_waiting": load.num_waiting + len(self._ops),  # + not yet handed over
             "kv_usage": round(load.kv_usage, 4),
             "num_free_kv_blocks": load.num_free_kv_blocks,
+            "num_prefix_kv_blocks": load.num_prefix_kv_blocks,
             "num_queued_prefill_tokens": load.num_queued_prefill_tokens,
             "num_preemptions": load.num_preemptions,
         }

@@ -322,6 +322,7 @@ class LLMEngine:
             kv_usage=manager.usage,
             num_free_kv_blocks=manager.num_free_blocks,
             num_cached_kv_blocks=manager.num_cached_blocks,
+            num_prefix_kv_blocks=manager.num_prefix_blocks,
             num_queued_prefill_tokens=self.scheduler.num_queued_prefill_tokens,
             prefix_cache_queries_tokens=manager.prefix_cache_queries_tokens,
             prefix_cache_hits_tokens=manager.prefix_cache_hits_tokens,

@@ -55,6 +55,8 @@ PROFILES: dict[str, tuple[str, str]] = {
     "power_of_two": ("power_of_two", "none"),
     "prefix_affinity": ("prefix_affinity", "exact"),
     "prefix_affinity_approx": ("prefix_affinity", "approx"),
+    "prefix_affinity_no_room": ("prefix_affinity_no_room", "exact"),
+    "prefix_affinity_no_room_approx": ("prefix_affinity_no_room", "approx"),
 }
 _STEP_END, _ARRIVAL, _HEARTBEAT, _STALE = 0, 1, 2, 3
 
@@ -226,6 +228,7 @@ class Simulation:
         backend.num_waiting = core.num_waiting
         backend.kv_usage = core.kv_usage
         backend.num_queued_prefill_tokens = core.num_queued_prefill_tokens
+        backend.num_prefix_kv_blocks = core.block_manager.num_prefix_blocks
         self.router.mark_changed(worker)
 
     def _next_heartbeat(self, worker: int, at_s: float, now_s: float) -> None:

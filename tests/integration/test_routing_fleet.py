@@ -59,6 +59,16 @@ def test_workers_join_by_heartbeat_and_leave_when_it_expires(tmp_path: Path) -> 
         gateway = Gateway(group, tmp_path, redis_url, backends=[])
         key = gateway.new_key()
         assert _chat(gateway, key, "sys", "hello").status_code == 200
+        # a prompt sent twice: its cached blocks are reused, and the heartbeat says how many
+        system = "You are a careful assistant. " * 40
+        for question in ("one", "two"):
+            assert _chat(gateway, key, system, question).status_code == 200
+
+        def prefix_blocks_reported() -> bool:
+            data = gateway.admin.get("/admin/fleet").json()["data"]
+            return (data[0]["num_prefix_kv_blocks"] or 0) > 0
+
+        assert wait_until(prefix_blocks_reported, timeout_s=5)
         second, _ = _start_sim(group, redis_url, 2)
         served: set[str] = set()
 
@@ -107,6 +117,7 @@ def test_a_metrics_only_engine_gets_load_aware_routing(tmp_path: Path) -> None:
         assert ratio > 0.5, values
         fleet = gateway.admin.get("/admin/fleet").json()["data"]
         assert {b["source"] for b in fleet} == {"config"}
+        assert all(b["num_prefix_kv_blocks"] is None for b in fleet)  # cache_room: neutral
         assert all(b["load_age_s"] < 3 for b in fleet)  # scraped from /metrics
 
 

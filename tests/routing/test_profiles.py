@@ -12,7 +12,7 @@ import pytest
 from routing.profile import SchedulingProfile, build_profile
 from routing.profiles import DEFAULT_PROFILE, PROFILES, profile_by_name
 from routing.scheduler import schedule
-from routing.types import FleetSnapshot, Ranked, RouteRequest
+from routing.types import BackendProfile, FleetSnapshot, Ranked, RouteRequest
 from tests.routing.builders import NOW_S, backend, chain, request, snapshot
 
 ALL = [pytest.param(name, id=name) for name in PROFILES]
@@ -140,7 +140,23 @@ def test_prefix_affinity_weighs_the_cache_against_the_queue(holder_backlog_token
     ranked = decide("prefix_affinity", snap, hot_request())
     assert ranked[0].backend == expected
     assert {r.backend: r.expected_cached_tokens for r in ranked} == {"holder": 2800, "idle": 0}
-    assert [name for name, _ in ranked[0].reasons] == ["ttft", "prefix", "queue"]
+    assert [name for name, _ in ranked[0].reasons] == ["ttft", "prefix", "queue", "cache_room"]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        pytest.param("prefix_affinity", {"roomy"}, id="default-places-by-room"),
+        pytest.param("prefix_affinity_no_room", {"full", "roomy"}, id="no-room-tie-at-random"),
+    ],
+)
+def test_a_prompt_nobody_holds_goes_where_it_evicts_least(name: str, expected: set[str]) -> None:
+    kv = BackendProfile(num_kv_blocks=1000, block_size=16)
+    full = backend("full", profile=kv, num_prefix_kv_blocks=900)
+    roomy = backend("roomy", profile=kv, num_prefix_kv_blocks=300)
+    picks = {decide(name, snapshot(full, roomy), hot_request(), seed=seed)[0].backend
+             for seed in range(20)}
+    assert picks == expected
 
 
 @dataclass

@@ -190,3 +190,38 @@ def test_reset_prefix_cache() -> None:
     assert manager.num_cached_blocks == 0
     assert [e.kind for e in manager.drain_events()] == ["stored", "cleared"]
     assert manager.drain_events() == []
+
+
+def test_prefix_blocks_count_cached_blocks_a_later_request_hit() -> None:
+    manager = BlockManager(num_blocks=6, block_size=BLOCK)
+    a = make("a", list(range(12)))  # three blocks, all stored
+    manager.allocate(a)
+    compute_all(manager, a)
+    manager.deallocate(a)
+    assert (manager.num_cached_blocks, manager.num_prefix_blocks) == (3, 0)  # stored, not reused
+    b = make("b", [*range(8), 70, 71])  # hits a's first two blocks
+    manager.allocate(b)
+    assert manager.num_prefix_blocks == 2
+    manager.deallocate(b)
+    again = make("again", [*range(8), 80])  # a second hit on the same blocks counts once
+    manager.allocate(again)
+    manager.deallocate(again)
+    assert manager.num_prefix_blocks == 2
+    # four fresh blocks: 3 plain ones, then the LRU's oldest, a's never-reused third block;
+    # a fifth takes a reused block and the count drops with it
+    manager.allocate(make("c", list(range(100, 116))))
+    assert (manager.num_cached_blocks, manager.num_prefix_blocks) == (2, 2)
+    manager.allocate(make("d", [200, 201, 202, 203]))
+    assert (manager.num_cached_blocks, manager.num_prefix_blocks) == (1, 1)
+
+
+def test_reset_forgets_prefix_blocks() -> None:
+    manager = BlockManager(num_blocks=4, block_size=BLOCK)
+    for seq_id in ("a", "b"):
+        seq = make(seq_id, list(range(9)))
+        manager.allocate(seq)
+        compute_all(manager, seq)
+        manager.deallocate(seq)
+    assert manager.num_prefix_blocks == 2
+    assert manager.reset_prefix_cache()
+    assert (manager.num_cached_blocks, manager.num_prefix_blocks) == (0, 0)

@@ -320,7 +320,7 @@ def test_heartbeat_kv_events_and_withdrawal_in_redis(
         assert doc["profile"]["block_size"] == BLOCK_SIZE
         assert doc["profile"]["max_context_tokens"] == MAX_CONTEXT
         assert set(doc["load"]) >= {"num_running", "num_waiting", "kv_usage",
-                                    "num_queued_prefill_tokens"}
+                                    "num_queued_prefill_tokens", "num_prefix_kv_blocks"}
         assert client.zscore(WORKERS_ZSET, "tiny-redis") is not None
         prompt_ids = list(range(10, 26))  # four full blocks
         _post(worker, TEXT, {"model": MODEL, "prompt": prompt_ids, "max_tokens": 1})
