@@ -9,7 +9,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import re
@@ -179,9 +178,16 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
         finally:
             for task in tasks:
                 task.cancel()
+            # Bounded: a task that swallows its cancellation (a client library's retry loop,
+            # say) must not keep the process from exiting.
+            _, stuck = await asyncio.wait(tasks, timeout=2.0)
+            for task in stuck:
+                log.warning("background task %s did not stop within 2 s of shutdown",
+                            task.get_name())
             for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    log.warning("background task %s failed: %r", task.get_name(),
+                                task.exception())
             await upstream.close()
             await quotas.aclose()  # the last requests' settles go out first
             await redis.aclose()
