@@ -28,9 +28,14 @@ are exponentially weighted (time constant ``tau_s``), per tier, counted at arriv
 queued or rejected alike: the demand, not what was served).
 
 Free slots come from the fleet snapshot: per healthy backend with fresh figures and an
-advertised ``max_batch``, ``max_batch - max(running, in flight) - waiting``. A backend that
-advertises no ``max_batch`` (a third-party engine) has unknown room: then ``free_slots`` is
-None and no headroom is kept (the saturation checks of ``admission.policy`` still apply).
+advertised ``max_batch``, ``max_batch - max(running, in flight) - waiting``, counted only on
+backends the dispatcher would send to (``admission.policy.fleet_free_slots``). Counting the
+others let a lower tier take the one slot the dispatcher could use while an interactive
+request waited: a heartbeat that caught a request in a worker's queue keeps that worker
+"without room" until the next one, yet its other free slot counted toward the reserve. A
+backend that advertises no ``max_batch`` (a third-party engine) has unknown room: then
+``free_slots`` is None and no headroom is kept (the saturation checks of
+``admission.policy`` still apply).
 
 Example::
 
@@ -38,13 +43,13 @@ Example::
     rates.arrived("interactive", now_s)
     reserve = reserved_slots(tiers["standard"], tiers.values(), rates, now_s,
                              total_slots=16)          # e.g. 1
-    free = free_slots(snapshot, max_age_s=snapshot.max_age_s)  # e.g. 2: standard waits
+    free, total = fleet_free_slots(snapshot)          # e.g. (2, 16): standard waits
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from admission.tiers import Tier
 from routing.types import BackendState, FleetSnapshot
@@ -94,9 +99,15 @@ def backend_free_slots(backend: BackendState, *, max_age_s: float) -> int | None
     return max(0, max_batch - busy)
 
 
-def free_slots(snapshot: FleetSnapshot, *, model: str | None = None) -> tuple[int, int] | None:
+def free_slots(snapshot: FleetSnapshot, *, model: str | None = None,
+               has_room: Callable[[BackendState], bool] | None = None
+               ) -> tuple[int, int] | None:
     """(free, total) batch slots of the backends serving ``model`` (all, if None); None when
-    one of them advertises no ``max_batch``, so the fleet's room is unknown."""
+    one of them advertises no ``max_batch``, so the fleet's room is unknown.
+
+    ``has_room``: only the free slots of backends it accepts count (``admission.policy``
+    passes its capacity check, so that a slot on a backend the dispatcher will not send to —
+    one with a request in its queue — is not counted as room for the reserve)."""
     free = total = 0
     for backend in snapshot.backends:
         if model is not None and model not in backend.models:
@@ -104,6 +115,7 @@ def free_slots(snapshot: FleetSnapshot, *, model: str | None = None) -> tuple[in
         room = backend_free_slots(backend, max_age_s=snapshot.max_age_s)
         if room is None:
             return None
-        free += room
+        if room and (has_room is None or has_room(backend)):
+            free += room
         total += backend.profile.max_batch or 0
     return free, total

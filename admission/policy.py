@@ -137,6 +137,15 @@ def fleet_has_capacity(snapshot: FleetSnapshot, config: PolicyConfig = DEFAULT_P
                for b in snapshot.backends if model is None or model in b.models)
 
 
+def fleet_free_slots(snapshot: FleetSnapshot, config: PolicyConfig = DEFAULT_POLICY,
+                     model: str | None = None) -> tuple[int, int] | None:
+    """``admission.headroom.free_slots`` counting only backends with room
+    (``backend_has_capacity``): the slots the dispatcher can actually fill now."""
+    max_age_s = snapshot.max_age_s
+    return free_slots(snapshot, model=model, has_room=lambda b: backend_has_capacity(
+        b, max_age_s=max_age_s, config=config))
+
+
 def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEstimator,
            now_s: float, *, config: PolicyConfig = DEFAULT_POLICY,
            num_queued_ahead: int = 0, reserved_slots: int = 0) -> Decision:
@@ -172,7 +181,7 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
             break
     held_for_higher = False
     if has_capacity and reserved_slots > 0:
-        room = free_slots(snapshot, model=request.model)
+        room = fleet_free_slots(snapshot, config, request.model)
         if room is not None and room[0] <= reserved_slots:
             has_capacity, held_for_higher = False, True
     if expected_s <= tier.ttft_slo_s and has_capacity and not num_queued_ahead:

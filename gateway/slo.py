@@ -8,6 +8,10 @@ it can be ordered, instead of in the workers' FIFO queues. A request whose deadl
 the queue is answered 503 before any upstream work; a client that leaves is dropped from the
 queue. The TTFT predictor learns from every streamed first token.
 
+The snapshot admission decides on is corrected for the streams this gateway saw end after a
+worker's last heartbeat was made (``admission.finishes``): without that, a slot held free for
+interactive traffic looked busy for up to a heartbeat interval after each registry poll.
+
 Example::
 
     slo = SloAdmission(settings.tiers, router)
@@ -24,8 +28,15 @@ import time
 from collections.abc import Iterable, Iterator
 
 from admission.fair_queue import FairQueue, FairQueueConfig, QueueEntry
-from admission.headroom import ArrivalRates, free_slots, reserved_slots
-from admission.policy import AdmissionRequest, decide, fleet_has_capacity, reject_expired
+from admission.finishes import RecentFinishes
+from admission.headroom import ArrivalRates, reserved_slots
+from admission.policy import (
+    AdmissionRequest,
+    decide,
+    fleet_free_slots,
+    fleet_has_capacity,
+    reject_expired,
+)
 from admission.predictor import TtftPredictor, snapshot_features
 from admission.tiers import (
     Tier,
@@ -59,6 +70,10 @@ class SloAdmission:
         self.is_enabled = is_enabled
         self.queue = FairQueue(self.tiers.values(), queue_config)
         self.predictor = TtftPredictor()
+        self.finishes = RecentFinishes()
+        # The backend each streaming request got its first token from, by the handler's task
+        # (``observe_first_token`` and ``finished`` run in it): to record where a stream ended.
+        self._stream_backends: dict[asyncio.Task[object], str] = {}
         self._waiters: dict[str, asyncio.Future[None]] = {}
         self._wakeup = asyncio.Event()
         self._tick_s = tick_s
@@ -85,7 +100,7 @@ class SloAdmission:
             return
         plan.needs_free_slot = True
         now_s = time.monotonic()
-        snapshot = self.router.snapshot(plan.request, now_s)
+        snapshot = self._snapshot(now_s, plan)
         if not any(b.is_healthy for b in snapshot.backends):
             return  # nothing to wait for: routing answers 503 no_healthy_backend at once
         request = AdmissionRequest(tier=tier, tenant=principal.tenant.id,
@@ -117,15 +132,31 @@ class SloAdmission:
         finally:
             self._waiters.pop(request_id, None)
             self.queue.remove(request_id)  # no-op once dispatched; the client may have left
+        # Routing runs before the handler's next await and reuses this (the corrected figures).
+        plan.snapshot = self._snapshot(time.monotonic(), plan)
+
+    def _snapshot(self, now_s: float, plan: RoutePlan | None = None) -> FleetSnapshot:
+        """The fleet as routing sees it, less the streams seen ending after each heartbeat."""
+        snapshot = (self.router.fleet_snapshot(now_s) if plan is None
+                    else self.router.snapshot(plan.request, now_s))
+        return self.finishes.correct(
+            snapshot, {b.name: b.num_running for b in self.router.registry.backends})
 
     def observe_first_token(self, backend: str, snapshot: FleetSnapshot | None,
                             uncached_tokens: int, ttft_s: float) -> None:
         if snapshot is not None:
             features = snapshot_features(snapshot, backend, uncached_tokens)
             self.predictor.observe(backend, features, ttft_s)
+        task = _current_task()
+        if self.is_enabled and task is not None:
+            self._stream_backends[task] = backend
 
     def finished(self, tenant: str, tier: str, reserved_tokens: int, actual_tokens: int) -> None:
         """Settle the queue's charge to the actual tokens and let the dispatcher look again."""
+        task = _current_task()
+        backend = self._stream_backends.pop(task, None) if task is not None else None
+        if backend is not None:
+            self.finishes.record(backend, time.monotonic())
         if self.is_enabled:
             self.queue.charge(tenant, actual_tokens - reserved_tokens, tier)
             if len(self.queue):
@@ -134,8 +165,12 @@ class SloAdmission:
     # -- the dispatcher -------------------------------------------------------------------
     async def run_dispatcher(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), self._tick_s)
+            if len(self.queue):  # look again every tick: deadlines pass, the fleet frees up
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._tick_s):
+                        await self._wakeup.wait()
+            else:  # nothing queued: sleep until a request is (no idle ticks, no CPU)
+                await self._wakeup.wait()
             self._wakeup.clear()
             self.dispatch(time.monotonic())
             await asyncio.sleep(0)
@@ -152,7 +187,7 @@ class SloAdmission:
         # One release per pass: the released handler routes (and counts itself in flight on
         # its backend) before the next pass looks at the fleet again.
         while len(self.queue):
-            snapshot = self.router.fleet_snapshot(now_s)
+            snapshot = self._snapshot(now_s)
             if not fleet_has_capacity(snapshot):
                 return 0
             popped = self.queue.pop(now_s, self._max_dispatch_priority(snapshot, now_s))
@@ -169,12 +204,12 @@ class SloAdmission:
     def reserved_slots(self, tier: Tier, snapshot: FleetSnapshot, now_s: float,
                        model: str | None = None, room: tuple[int, int] | None = None) -> int:
         """Free batch slots a request of ``tier`` must leave to the tiers above it (``room``:
-        the snapshot's ``free_slots``, when the caller has it)."""
+        the snapshot's ``fleet_free_slots``, when the caller has it)."""
         if self.headroom_factor <= 0 or not any(
                 self.arrivals.rate(t.name, now_s) for t in self.tiers.values()
                 if t.priority < tier.priority):
             return 0  # the top tier, or nothing above it lately: nothing to keep
-        room = room or free_slots(snapshot, model=model)
+        room = room or fleet_free_slots(snapshot, model=model)
         if room is None:
             return 0  # a backend without max_batch: the fleet's room is unknown
         return reserved_slots(tier, self.tiers.values(), self.arrivals, now_s,
@@ -185,7 +220,7 @@ class SloAdmission:
         """The lowest tier (largest priority number) the fleet's free slots may go to now."""
         if self.headroom_factor <= 0:
             return None
-        room = free_slots(snapshot)
+        room = fleet_free_slots(snapshot)
         if room is None:
             return None
         free, _ = room
@@ -219,6 +254,13 @@ class SloAdmission:
         yield gauge_family("switchyard_ttft_predictor_bias_seconds",
                            "Mean predicted minus observed TTFT over recent predictions.", None,
                            errors.bias_s)
+
+
+def _current_task() -> asyncio.Task[object] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running loop (a synchronous caller)
+        return None
 
 
 def _reason_label(reason: str) -> str:

@@ -12,7 +12,7 @@ import pytest
 
 from admission.fair_queue import FairQueue, QueueEntry
 from admission.headroom import ArrivalRates, backend_free_slots, free_slots, reserved_slots
-from admission.policy import AdmissionRequest, decide
+from admission.policy import AdmissionRequest, decide, fleet_free_slots
 from admission.predictor import TtftPredictor
 from admission.tiers import DEFAULT_TIERS, tier_table
 from backends.registry import Backend, BackendRegistry
@@ -95,6 +95,31 @@ def test_fleet_free_slots() -> None:
     assert free_slots(snapshot(backend("a")), model="other") == (0, 0)
 
 
+@pytest.mark.parametrize(("backends", "expected"), [
+    pytest.param((backend("a", num_running=1), backend("b", num_running=4)), (3, 8),
+                 id="free-slots-of-backends-with-room"),
+    # A heartbeat caught a request in a's queue: the dispatcher sends nothing there until the
+    # next one, so its free slot is no room for anyone now.
+    pytest.param((backend("a", num_running=2, num_waiting=1), backend("b", num_running=3)),
+                 (1, 8), id="a-backend-with-a-queue-has-no-room"),
+    pytest.param((backend("a", num_running=1, kv_usage=0.99), backend("b")), (4, 8),
+                 id="a-backend-out-of-kv-has-no-room"),
+    pytest.param((backend("a"), backend("b", max_batch=None)), None, id="unknown-room"),
+])
+def test_fleet_free_slots_counts_only_backends_with_room(
+        backends: tuple[BackendState, ...], expected: tuple[int, int] | None) -> None:
+    assert fleet_free_slots(snapshot(*backends)) == expected
+
+
+def test_a_slot_the_dispatcher_cannot_fill_is_not_room_beyond_the_reserve() -> None:
+    """One slot free on b, one on a behind a queued request: a standard request must leave
+    b's slot to interactive (it is the only one anything can start in now)."""
+    snap = snapshot(backend("a", num_running=2, num_waiting=1), backend("b", num_running=3))
+    request = AdmissionRequest(tier=TIERS["standard"], tenant="t", prompt_tokens=200, model="m")
+    held = decide(request, snap, TtftPredictor(), NOW_S, reserved_slots=1)
+    assert held.action == "queue" and "held for higher tiers" in held.reason
+
+
 def test_decide_leaves_the_reserved_slots_to_higher_tiers() -> None:
     snap = snapshot(backend("a", num_running=2), backend("b", num_running=4))  # 2 free
     request = AdmissionRequest(tier=TIERS["standard"], tenant="t", prompt_tokens=200, model="m")
@@ -155,6 +180,38 @@ async def test_dispatcher_holds_the_last_slot_for_interactive(
     worker.load_observed_s = loop.time()
     assert slo.dispatch(loop.time()) == 1
     await asyncio.wait_for(admitted, 1.0)
+
+
+async def test_a_waiting_interactive_request_gets_the_only_usable_slot(
+        fleet: tuple[SloAdmission, Backend]) -> None:
+    """The lower tiers' share credit would let a standard request overtake a waiting
+    interactive one whenever the dispatcher thought two slots free; a slot on a worker with a
+    queued request (from its last heartbeat) must not count as the second one."""
+    slo, worker = fleet
+    other = Backend(name="w1", url="http://127.0.0.1:9", models=frozenset({"m"}),
+                    profile=BackendProfile(max_batch=4))
+    slo.router.registry.add(other)
+    loop = asyncio.get_running_loop()
+    for backend_ in (worker, other):
+        backend_.load_observed_s = time.monotonic()
+    worker.num_running, worker.num_waiting = 2, 1  # a free slot, but a request in its queue
+    other.num_running = 4
+    for i in range(40):
+        slo.arrivals.arrived("interactive", time.monotonic() - 10 + i / 4)
+    slo.queue._credit_tokens = 1e9  # standard has earned its share many times over
+    plans = {}
+    for tier, request_id in (("standard", "std-1"), ("interactive", "int-1")):
+        plans[request_id] = loop.create_task(slo.admit(
+            TIERS[tier], principal(),
+            slo.router.describe("m", {"messages": [{"role": "user", "content": tier}]}, "t"),
+            request_id))
+        await asyncio.sleep(0.01)
+    assert "std-1" in slo.queue and "int-1" in slo.queue
+    other.num_running = 3  # a stream on w1 ends: the one slot anything can start in
+    assert slo.dispatch(time.monotonic()) == 1
+    await asyncio.wait_for(plans["int-1"], 1.0)
+    assert "std-1" in slo.queue
+    plans["std-1"].cancel()
 
 
 def test_an_admitted_request_goes_to_a_backend_with_a_free_slot() -> None:

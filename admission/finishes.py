@@ -1,0 +1,76 @@
+"""Streams this gateway saw end, so a heartbeat older than them does not hide their slots.
+
+A worker says how many requests it runs in a heartbeat (every 0.5 s in the benchmarks) that
+the gateway reads from Redis on its own poll (every 0.25 s). The registry subtracts the
+requests this gateway saw finish since its last *poll*, but a poll that reads the same, older
+heartbeat again starts that count from zero: for up to a heartbeat interval, a slot freed by a
+finished stream looks busy again. A slot kept free for interactive traffic is exactly such a
+slot, so the reserve was often invisible to the request it was kept for, and a lower tier saw
+one slot fewer than there was.
+
+``RecentFinishes`` keeps, per backend, when this gateway saw its streams end, and
+``correct`` subtracts from each backend's reported running count the ends seen after that
+report was *made* (``now_s - age_s``), never raising what the snapshot already says. Ends of
+other gateways' requests are not seen: with several replicas this corrects only for one's own.
+
+Example::
+
+    finishes = RecentFinishes()
+    finishes.record("w0", now_s)                       # a stream on w0 ended
+    snapshot = finishes.correct(snapshot, {"w0": 4})   # heartbeat older than now_s: 3 running
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Mapping
+from dataclasses import replace
+
+from routing.types import FleetSnapshot
+
+# A worker ends a stream a moment before the gateway sees it; a heartbeat made within that
+# moment already counts it, and subtracting it again would show a slot that is not free.
+_SEEN_AFTER_MARGIN_S = 0.02
+
+
+class RecentFinishes:
+    """When this gateway saw streams end, per backend, for the last ``keep_s`` seconds."""
+
+    def __init__(self, keep_s: float = 5.0) -> None:
+        self.keep_s = keep_s
+        self._ends: dict[str, list[float]] = {}  # ascending: recorded as they happen
+
+    def record(self, backend: str, now_s: float) -> None:
+        ends = self._ends.setdefault(backend, [])
+        if ends and now_s < ends[-1]:
+            now_s = ends[-1]  # keep the list sorted whatever the caller's clock did
+        ends.append(now_s)
+        if ends[0] < now_s - 2 * self.keep_s:  # trim in batches: amortised O(1) per end
+            del ends[:bisect_left(ends, now_s - self.keep_s)]
+
+    def num_after(self, backend: str, since_s: float) -> int:
+        ends = self._ends.get(backend)
+        if not ends or ends[-1] <= since_s:
+            return 0
+        return len(ends) - bisect_right(ends, since_s)
+
+    def correct(self, snapshot: FleetSnapshot,
+                reported_running: Mapping[str, int]) -> FleetSnapshot:
+        """``snapshot`` with each backend's running count less the ends seen after its report.
+
+        ``reported_running``: the running count as the backend reported it (before any
+        gateway-side adjustment); a backend missing from it is left as it is."""
+        if not self._ends:
+            return snapshot
+        backends = list(snapshot.backends)
+        changed = False
+        for i, b in enumerate(backends):
+            reported = reported_running.get(b.name)
+            if reported is None or b.num_running == 0:
+                continue
+            num_ended = self.num_after(b.name, snapshot.now_s - b.age_s + _SEEN_AFTER_MARGIN_S)
+            running = max(0, reported - num_ended)
+            if running < b.num_running:
+                backends[i] = replace(b, num_running=running)
+                changed = True
+        return replace(snapshot, backends=tuple(backends)) if changed else snapshot

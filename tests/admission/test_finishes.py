@@ -1,0 +1,142 @@
+"""Streams seen ending after a worker's heartbeat free their slots in admission's snapshot."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from admission.finishes import RecentFinishes
+from admission.tiers import DEFAULT_TIERS, tier_table
+from backends.registry import Backend, BackendRegistry
+from gateway.auth import Principal
+from gateway.keystore import ApiKey, Limits, Tenant
+from gateway.router import Router
+from gateway.slo import SloAdmission
+from routing.index_approx import ApproxPrefixIndex
+from routing.index_exact import ExactPrefixIndex
+from routing.profiles import profile_by_name
+from routing.types import BackendProfile, BackendState, FleetSnapshot, PrefixMatch
+
+TIERS = tier_table(DEFAULT_TIERS)
+NOW_S = 1000.0
+
+
+def backend(name: str = "w0", **fields: Any) -> BackendState:
+    return BackendState(name=name, models=frozenset({"m"}),
+                        profile=BackendProfile(max_batch=4), **fields)
+
+
+@pytest.mark.parametrize(("ends_s", "state", "reported", "expected_running"), [
+    pytest.param([NOW_S - 0.1], backend(age_s=0.3, num_running=4), 4, 3,
+                 id="an-end-after-the-heartbeat-frees-a-slot"),
+    pytest.param([NOW_S - 0.4], backend(age_s=0.3, num_running=4), 4, 4,
+                 id="an-end-before-the-heartbeat-is-already-in-it"),
+    pytest.param([NOW_S - 0.29], backend(age_s=0.3, num_running=4), 4, 4,
+                 id="an-end-just-after-it-may-be-in-it-too"),
+    pytest.param([NOW_S - 0.2, NOW_S - 0.1, NOW_S - 0.05], backend(age_s=0.3, num_running=4),
+                 4, 1, id="three-ends"),
+    pytest.param([NOW_S - 0.1], backend(age_s=0.3, num_running=2), 4, 2,
+                 id="never-raises-what-the-registry-already-subtracted"),
+    pytest.param([NOW_S - 0.1] * 6, backend(age_s=0.3, num_running=4), 4, 0,
+                 id="never-below-zero"),
+    pytest.param([NOW_S - 0.1], backend(name="w1", age_s=0.3, num_running=4), 4, 4,
+                 id="ends-on-another-backend-do-not-count"),
+])
+def test_correct(ends_s: list[float], state: BackendState, reported: int,
+                 expected_running: int) -> None:
+    finishes = RecentFinishes()
+    for end_s in ends_s:
+        finishes.record("w0", end_s)
+    snapshot = FleetSnapshot(now_s=NOW_S, backends=(state,), prefix=PrefixMatch(), max_age_s=5.0)
+    corrected = finishes.correct(snapshot, {state.name: reported})
+    assert corrected.backends[0].num_running == expected_running
+    assert corrected.backends[0].name == state.name
+
+
+def test_old_ends_are_forgotten() -> None:
+    finishes = RecentFinishes(keep_s=5.0)
+    finishes.record("w0", NOW_S - 11.0)
+    finishes.record("w0", NOW_S)
+    assert finishes.num_after("w0", NOW_S - 20.0) == 1
+    assert finishes.num_after("w0", NOW_S) == 0
+    assert finishes.num_after("w0", NOW_S - 0.001) == 1
+
+
+def test_counts_ends_after_a_time_among_many() -> None:
+    finishes = RecentFinishes(keep_s=5.0)
+    for i in range(10_000):  # 1,000 ends a second for 10 s
+        finishes.record("w0", NOW_S - 10.0 + i / 1000)
+    assert finishes.num_after("w0", NOW_S - 0.5005) == 500
+    assert finishes.num_after("w0", NOW_S - 1.0005) == 1000
+    assert len(finishes._ends["w0"]) <= 10_000  # trimmed: at most 2 * keep_s kept
+
+
+@pytest.fixture
+def slo() -> tuple[SloAdmission, Backend]:
+    worker = Backend(name="w0", url="http://127.0.0.1:9", models=frozenset({"m"}),
+                     profile=BackendProfile(max_batch=4))
+    router = Router(BackendRegistry([worker]), profile_by_name("least_load"),
+                    ExactPrefixIndex(block_size=16), ApproxPrefixIndex(), {}, seed=1)
+    return SloAdmission(DEFAULT_TIERS, router), worker
+
+
+def principal() -> Principal:
+    tenant = Tenant(id="t", name="t", tier="interactive", models=("m",), limits=Limits(),
+                    enabled=True, created_at=0.0)
+    key = ApiKey(id="k", tenant_id="t", name="k", digest="0" * 64, hint="", created_at=0.0,
+                 expires_at=None, revoked_at=None, tier=None)
+    return Principal(tenant=tenant, key=key)
+
+
+async def stream_ends_on(slo: SloAdmission, backend: str) -> None:
+    """What the proxy does for one stream, in the handler's task: first token, then the end."""
+    slo.observe_first_token(backend, None, 0, 0.1)
+    slo.finished("t", "standard", 100, 100)
+
+
+@pytest.mark.parametrize(("heartbeat_after_end", "admitted_at_once"), [
+    pytest.param(False, True, id="heartbeat-older-than-the-end-slot-is-free"),
+    pytest.param(True, False, id="heartbeat-newer-than-the-end-still-full"),
+])
+async def test_a_slot_freed_after_the_heartbeat_is_seen(
+        slo: tuple[SloAdmission, Backend], heartbeat_after_end: bool,
+        admitted_at_once: bool) -> None:
+    """The registry re-read an older heartbeat (full, nothing finished since): admission still
+    sees the slot of the stream that ended after that heartbeat was made."""
+    admission, worker = slo
+    worker.load_observed_s = time.monotonic() - 0.2
+    worker.num_running, worker.num_finished_since_load = 4, 0
+    await asyncio.create_task(stream_ends_on(admission, "w0"))
+    if heartbeat_after_end:
+        worker.load_observed_s = time.monotonic() + 0.05  # made after the end: it says 4
+    plan = admission.router.describe("m", {"messages": [{"role": "user", "content": "hi"}]},
+                                     "t")
+    admitted = asyncio.create_task(admission.admit(TIERS["interactive"], principal(), plan,
+                                                   "int-1"))
+    await asyncio.sleep(0.02)
+    assert admitted.done() == admitted_at_once
+    if admitted_at_once:
+        await admitted
+        assert plan.snapshot is not None and plan.snapshot.backends[0].num_running == 3
+    else:
+        assert "int-1" in admission.queue
+        admitted.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await admitted
+
+
+async def test_an_end_without_a_first_token_records_nothing(
+        slo: tuple[SloAdmission, Backend]) -> None:
+    admission, _ = slo
+
+    async def ends_without_stream() -> None:
+        admission.finished("t", "standard", 100, 100)
+
+    await asyncio.create_task(ends_without_stream())
+    assert admission.finishes.num_after("w0", 0.0) == 0
+    await asyncio.create_task(stream_ends_on(admission, "w0"))
+    assert admission.finishes.num_after("w0", 0.0) == 1
+    assert not admission._stream_backends  # nothing kept per finished request
