@@ -21,7 +21,7 @@ import asyncio
 import re
 from dataclasses import dataclass, field
 
-from admission.quota import QuotaDecision, QuotaStore
+from admission.quota import QuotaStore
 from gateway.auth import Principal
 from gateway.errors import APIError
 from gateway.router import RoutePlan
@@ -64,15 +64,17 @@ async def admit_quota(
     )
     if not _has_limits(principal):
         return ticket
-    acquiring = asyncio.ensure_future(store.acquire(
-        tenant.id, tenant.limits, tokens=plan.reserved_tokens, request_id=request_id))
     try:
-        decision = await asyncio.shield(acquiring)
+        decision = await store.acquire(tenant.id, tenant.limits, tokens=plan.reserved_tokens,
+                                       request_id=request_id)
     except asyncio.CancelledError:
-        # The client left while the script was on its way: Redis may still grant the lease.
-        # Settle whatever it grants, rather than leave it held until its TTL.
-        acquiring.add_done_callback(
-            lambda done: _settle_abandoned(done, ticket, store, principal))
+        if tenant.limits.max_concurrent:
+            # The client left while the script was on its way: Redis may still grant the
+            # lease. A settle queued now goes out after it on the same connection, so Redis
+            # runs it second and releases the lease (not left held until its TTL). Whether
+            # the acquire was granted is unknown here, so the reservation is left charged.
+            store.settle_soon(tenant.id, tenant.limits, reserved_tokens=plan.reserved_tokens,
+                              actual_tokens=plan.reserved_tokens, request_id=request_id)
         raise
     if not decision.is_allowed:
         status = decision.http_status
@@ -87,17 +89,6 @@ async def admit_quota(
     ticket.needs_lease = bool(tenant.limits.max_concurrent)
     ticket.limits_tokens = bool(tenant.limits.tokens_per_minute)
     return ticket
-
-
-def _settle_abandoned(done: asyncio.Future[QuotaDecision], ticket: QuotaTicket,
-                      store: QuotaStore, principal: Principal) -> None:
-    if done.cancelled() or done.exception() is not None or not done.result().is_allowed:
-        return
-    limits = principal.tenant.limits
-    ticket.store = store
-    ticket.needs_lease = bool(limits.max_concurrent)
-    ticket.limits_tokens = bool(limits.tokens_per_minute)
-    finish_quota(ticket)  # nothing was served: the reserved tokens are refunded
 
 
 def output_tokens_from(body_tail: bytes, num_events: int) -> int:
