@@ -17,13 +17,13 @@ Example::
 
     finishes = RecentFinishes()
     finishes.record("w0", now_s)                       # a stream on w0 ended
-    snapshot = finishes.correct(snapshot, {"w0": 4})   # heartbeat older than now_s: 3 running
+    snapshot = finishes.correct(snapshot, {"w0": 4}.get)   # heartbeat older: 3 running
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import replace
 
 from routing.types import FleetSnapshot
@@ -55,18 +55,21 @@ class RecentFinishes:
         return len(ends) - bisect_right(ends, since_s)
 
     def correct(self, snapshot: FleetSnapshot,
-                reported_running: Mapping[str, int]) -> FleetSnapshot:
+                reported_running: Callable[[str], int | None]) -> FleetSnapshot:
         """``snapshot`` with each backend's running count less the ends seen after its report.
 
-        ``reported_running``: the running count as the backend reported it (before any
-        gateway-side adjustment); a backend missing from it is left as it is."""
+        ``reported_running(name)``: the running count as the backend reported it (before any
+        gateway-side adjustment), or None to leave that backend as it is. Looked up only for
+        the snapshot's backends, and only when there are ends to subtract."""
         if not self._ends:
             return snapshot
         backends = list(snapshot.backends)
         changed = False
         for i, b in enumerate(backends):
-            reported = reported_running.get(b.name)
-            if reported is None or b.num_running == 0:
+            if b.num_running == 0:
+                continue
+            reported = reported_running(b.name)
+            if reported is None:
                 continue
             num_ended = self.num_after(b.name, snapshot.now_s - b.age_s + _SEEN_AFTER_MARGIN_S)
             running = max(0, reported - num_ended)

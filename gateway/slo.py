@@ -139,8 +139,11 @@ class SloAdmission:
         """The fleet as routing sees it, less the streams seen ending after each heartbeat."""
         snapshot = (self.router.fleet_snapshot(now_s) if plan is None
                     else self.router.snapshot(plan.request, now_s))
-        return self.finishes.correct(
-            snapshot, {b.name: b.num_running for b in self.router.registry.backends})
+        return self.finishes.correct(snapshot, self._reported_running)
+
+    def _reported_running(self, name: str) -> int | None:
+        backend = self.router.registry.get(name)
+        return None if backend is None else backend.num_running
 
     def observe_first_token(self, backend: str, snapshot: FleetSnapshot | None,
                             uncached_tokens: int, ttft_s: float) -> None:

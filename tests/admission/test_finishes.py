@@ -51,7 +51,7 @@ def test_correct(ends_s: list[float], state: BackendState, reported: int,
     for end_s in ends_s:
         finishes.record("w0", end_s)
     snapshot = FleetSnapshot(now_s=NOW_S, backends=(state,), prefix=PrefixMatch(), max_age_s=5.0)
-    corrected = finishes.correct(snapshot, {state.name: reported})
+    corrected = finishes.correct(snapshot, {state.name: reported}.get)
     assert corrected.backends[0].num_running == expected_running
     assert corrected.backends[0].name == state.name
 
