@@ -60,6 +60,15 @@ def quota_keys(tenant_id: str) -> tuple[str, str, str]:
     return f"{prefix}:req", f"{prefix}:tok", f"{prefix}:leases"
 
 
+def _settle_keys_args(tenant_id: str, limits: LimitsLike, reserved_tokens: int,
+                      actual_tokens: int, request_id: str
+                      ) -> tuple[tuple[str, str], tuple[int, int, int, str]]:
+    """SETTLE_SCRIPT's keys (token GCRA, lease set) and arguments."""
+    _, tok_key, leases_key = quota_keys(tenant_id)
+    return (tok_key, leases_key), (normalize_limit(limits.tokens_per_minute), reserved_tokens,
+                                   actual_tokens, request_id)
+
+
 class QuotaStore:
     """Quotas and concurrency leases shared by every gateway replica through Redis.
 
@@ -188,11 +197,8 @@ class QuotaStore:
             return self._local.settle(tenant_id, limits, reserved_tokens=reserved_tokens,
                                       actual_tokens=actual_tokens, request_id=request_id,
                                       now_s=self._clock())
-        _, tok_key, leases_key = quota_keys(tenant_id)
-        tpm = normalize_limit(limits.tokens_per_minute)
-        reply = await self._call(SETTLE_SCRIPT, (tok_key, leases_key),
-                                 (tpm, reserved_tokens, actual_tokens, request_id),
-                                 deferrable=True)
+        reply = await self._call(SETTLE_SCRIPT, *_settle_keys_args(
+            tenant_id, limits, reserved_tokens, actual_tokens, request_id), deferrable=True)
         return bool(reply)
 
     def settle_soon(self, tenant_id: str, limits: LimitsLike, *, reserved_tokens: int,
@@ -207,14 +213,12 @@ class QuotaStore:
             return
         if self._clock() < self._skip_redis_until:
             return  # Redis is down: the lease expires by its TTL
-        _, tok_key, leases_key = quota_keys(tenant_id)
-        args = (normalize_limit(limits.tokens_per_minute), reserved_tokens, actual_tokens,
-                request_id)
+        keys, args = _settle_keys_args(tenant_id, limits, reserved_tokens, actual_tokens,
+                                       request_id)
         if self.settle_delay_s > 0:
-            future = self._batcher.defer(SETTLE_SCRIPT, (tok_key, leases_key), args,
-                                         self.settle_delay_s)
+            future = self._batcher.defer(SETTLE_SCRIPT, keys, args, self.settle_delay_s)
         else:
-            future = self._batcher.call(SETTLE_SCRIPT, (tok_key, leases_key), args)
+            future = self._batcher.call(SETTLE_SCRIPT, keys, args)
         future.add_done_callback(self._on_settled)
 
     def _on_settled(self, future: asyncio.Future[Any]) -> None:
