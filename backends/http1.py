@@ -15,6 +15,12 @@ by httptools (llhttp, Node.js's parser), the body handed over as the chunks arri
   closes the connection: the engine sees the disconnect and stops generating.
 - Flow control: a response whose unread buffer passes ``HIGH_WATER_BYTES`` pauses reading
   from the socket until the consumer catches up.
+- Splicing: ``Response.splice(sink)`` hands the body to ``sink`` inside the connection's data
+  callback, what each socket read brought in one piece, instead of buffering it and waking
+  the reader. A relay that
+  writes each chunk straight to its client this way costs no task switch per chunk; the
+  reader then waits for the end with ``wait_spliced``. The sink asks for a pause by returning
+  True (its client's buffer is full); reading stops until ``resume_reading``.
 
 Complexity: O(1) per request and per chunk. Not supported: pipelining, HTTP/2, upgrades. A
 body with neither a length nor chunks ends when the engine closes the connection (HTTP/1.0
@@ -27,6 +33,7 @@ import asyncio
 import ssl
 import time
 from collections import deque
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -53,6 +60,7 @@ class Response:
         "_conn",
         "_eof",
         "_error",
+        "_sink",
         "_size",
         "_waiter",
         "content_type",
@@ -69,6 +77,7 @@ class Response:
         self._eof = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._sink: Callable[[bytes], bool] | None = None
         self.has_head = False
         self.status = 0
         self.headers: dict[str, str] = {}
@@ -108,6 +117,43 @@ class Response:
         while chunk := await self.readany():
             parts.append(chunk)
         return b"".join(parts)
+
+    def splice(self, sink: Callable[[bytes], bool]) -> None:
+        """From now on hand the body to ``sink`` as it arrives, what each read brought in one
+        piece (what has arrived unread goes first, from here). ``sink`` must not raise; it
+        returns True to pause reading from the engine (see ``resume_reading``), which also
+        wakes ``wait_spliced``."""
+        self._sink = sink
+        if self._chunks:
+            self._flush()
+
+    async def wait_spliced(self) -> None:
+        """Wait until the body is over, or reading paused at the sink's request (see
+        ``is_paused``), or the connection failed (raised)."""
+        while not self._eof and not self.is_paused:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def is_paused(self) -> bool:
+        """Reading from the engine is paused until ``resume_reading``."""
+        conn = self._conn
+        return conn is not None and conn.is_paused
+
+    def resume_reading(self) -> None:
+        if self._conn is not None:
+            self._conn.resume()
+
+    def _flush(self) -> None:
+        """Hand what has arrived to the sink, in one piece."""
+        assert self._sink is not None
+        if self._sink(self._take()):
+            if self._conn is not None:
+                self._conn.pause()
+            self._wake()
 
     def close(self) -> None:
         """Done with it. Before its last byte arrived, this closes the connection."""
@@ -182,6 +228,15 @@ class Connection(asyncio.Protocol):
         if response is not None:
             response._fail(UpstreamBroken("the connection was closed"))
 
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    def pause(self) -> None:
+        if not self._paused and self._transport is not None and not self.is_closed:
+            self._paused = True
+            self._transport.pause_reading()
+
     def resume(self) -> None:
         if self._paused and self._transport is not None and not self.is_closed:
             self._paused = False
@@ -202,6 +257,9 @@ class Connection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             response._fail(UpstreamBroken(f"malformed HTTP response ({exc})"))
             self.abort()
+            return
+        if response._sink is not None and response._chunks:
+            response._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         was_closed = self.is_closed
@@ -245,14 +303,17 @@ class Connection(asyncio.Protocol):
         assert response is not None
         response._chunks.append(body)
         response._size += len(body)
-        if response._size > HIGH_WATER_BYTES and not self._paused and self._transport:
-            self._paused = True
-            self._transport.pause_reading()
+        if response._sink is not None:
+            return  # handed over at the end of this read (data_received), in one piece
+        if response._size > HIGH_WATER_BYTES:
+            self.pause()
         response._wake()
 
     def on_message_complete(self) -> None:
         response, self._response = self._response, None
         assert response is not None
+        if response._sink is not None and response._chunks:
+            response._flush()
         response._eof = True
         response._conn = None
         response._wake()

@@ -219,6 +219,10 @@ async def _relay_body(
 async def _relay_stream(
     request: web.Request, gw: Gateway, opened: Opened, ticket: QuotaTicket
 ) -> web.StreamResponse:
+    """Relay an SSE stream. After the first chunk (written with the response head), every
+    chunk goes from the upstream connection's data callback straight to the client's socket
+    (``_Splice``): no task switch, timer move or coroutine per chunk. This task only wakes for
+    the end, a full client buffer, the idle timer, or a failure."""
     settings = gw.settings.upstream
     out = web.StreamResponse(status=200, headers=_SSE_HEADERS)
     out.headers["x-request-id"] = request[REQUEST_ID]
@@ -226,32 +230,39 @@ async def _relay_stream(
         out.headers["x-switchyard-backend"] = opened.backend.name
     if ticket.is_limited:
         out.headers.update(ticket.headers)
-    await out.prepare(request)
+    if request.version >= aiohttp.HttpVersion11:
+        out.enable_chunked_encoding()  # made explicit: the splice writes the chunk framing
+    writer = await out.prepare(request)
+    assert writer is not None
     upstream = opened.response
     loop = asyncio.get_running_loop()
     deadline_s = loop.time() + settings.request_timeout_s
     idle_s = settings.idle_timeout_s
-    num_chunks = num_events = 0
-    tail = previous = b""  # the last two chunks: a usage event may come just before [DONE]
-    renew_every_s = gw.settings.admission.lease_ttl_s / 3
-    next_renew_s = loop.time() + renew_every_s if ticket.needs_lease else float("inf")
-    chunk = opened.first_chunk
-    # Moving the timer costs ~1 us; move it only once it has fallen 10% of idle_s behind.
-    slack_s = 0.1 * idle_s
+    splice = _Splice(loop, ticket, renew_every_s=gw.settings.admission.lease_ttl_s / 3)
     try:
-        async with asyncio.timeout_at(min(loop.time() + idle_s, deadline_s)) as timer:
-            while chunk:
-                num_chunks += 1
-                num_events += chunk.count(b"data: ")
-                previous, tail = tail, chunk
-                await out.write(chunk)
-                wanted_s = min(loop.time() + idle_s, deadline_s)
-                if wanted_s - (timer.when() or 0.0) > slack_s or wanted_s == deadline_s:
-                    timer.reschedule(wanted_s)
-                if wanted_s - idle_s >= next_renew_s:  # a long stream keeps its lease
-                    renew_lease(ticket)
-                    next_renew_s += renew_every_s
-                chunk = await upstream.readany()
+        # The head goes out with the first chunk (aiohttp holds it back until a write; an
+        # empty one sends the head alone), before any chunk is written to the socket directly.
+        splice.count(opened.first_chunk)
+        await out.write(opened.first_chunk)
+        transport = request.transport
+        if transport is None:
+            raise ConnectionResetError
+        splice.start(transport, out.chunked)
+        upstream.splice(splice)
+        while not upstream.is_complete:
+            if splice.is_client_gone:
+                raise ConnectionResetError
+            wake_s = min(splice.last_chunk_s + idle_s, deadline_s)
+            if loop.time() >= wake_s:
+                raise TimeoutError
+            try:
+                async with asyncio.timeout_at(wake_s):
+                    await upstream.wait_spliced()
+            except TimeoutError:
+                continue  # chunks may have come meanwhile: the loop looks again
+            if upstream.is_paused and not splice.is_client_gone:
+                await writer.drain()  # the client reads slowly: let its buffer empty
+                upstream.resume_reading()
     except TimeoutError:
         gw.metrics.upstream_errors.labels(opened.backend.name, "idle_timeout").inc()
         await _end_with_error(out, f"Upstream timeout: backend {opened.backend.name!r} stalled.")
@@ -267,11 +278,66 @@ async def _relay_stream(
     else:
         await out.write_eof()
     finally:
-        gw.metrics.streamed_chunks.inc(num_chunks)
-        tail = previous[-2048:] + tail[-2048:]
-        ticket.num_output_tokens = output_tokens_from(tail, num_events)
+        gw.metrics.streamed_chunks.inc(splice.num_chunks)
+        tail = splice.previous[-2048:] + splice.tail[-2048:]
+        ticket.num_output_tokens = output_tokens_from(tail, splice.num_events)
         request[REQUEST_TRACE].streamed(tail, ticket.num_output_tokens)
     return out
+
+
+class _Splice:
+    """The sink of a spliced stream: counts each chunk, keeps the last two (a usage event may
+    come just before [DONE]), writes it to the client in HTTP/1.1 chunked framing, notes the
+    time for the idle timer and renews a long stream's quota lease. Called inside the upstream
+    connection's data callback, so it never raises: a client that has gone is only noted (its
+    handler is being cancelled), and a full client buffer asks the upstream to pause."""
+
+    __slots__ = ("_is_chunked", "_loop", "_next_renew_s", "_renew_every_s", "_ticket",
+                 "_transport", "is_client_gone", "last_chunk_s", "num_chunks", "num_events",
+                 "previous", "tail")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, ticket: QuotaTicket,
+                 renew_every_s: float) -> None:
+        self._loop = loop
+        self._ticket = ticket
+        self._transport: asyncio.Transport | None = None
+        self._is_chunked = True
+        self._renew_every_s = renew_every_s
+        self.last_chunk_s = now_s = loop.time()
+        self._next_renew_s = now_s + renew_every_s if ticket.needs_lease else float("inf")
+        self.is_client_gone = False
+        self.num_chunks = self.num_events = 0
+        self.tail = self.previous = b""
+
+    def start(self, transport: asyncio.Transport, is_chunked: bool) -> None:
+        self._transport = transport
+        self._is_chunked = is_chunked
+
+    def count(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        self.num_chunks += 1
+        self.num_events += chunk.count(b"data: ")
+        self.previous, self.tail = self.tail, chunk
+        self.last_chunk_s = now_s = self._loop.time()
+        if now_s >= self._next_renew_s:  # a long stream keeps its lease
+            renew_lease(self._ticket)
+            self._next_renew_s = now_s + self._renew_every_s
+
+    def __call__(self, chunk: bytes) -> bool:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            self.is_client_gone = True
+            return True  # pause the upstream; the handler returns and closes it
+        self.count(chunk)
+        if self._is_chunked:
+            transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        else:
+            transport.write(chunk)
+        return transport.get_write_buffer_size() > _CLIENT_HIGH_WATER_BYTES
+
+
+_CLIENT_HIGH_WATER_BYTES = 64 * 1024  # aiohttp's own drain limit for StreamResponse.write
 
 
 def _is_openai_error(body: bytes) -> bool:

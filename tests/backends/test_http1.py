@@ -208,6 +208,44 @@ async def test_slow_reader_pauses_the_socket_and_loses_nothing() -> None:
         pool.close()
 
 
+async def test_splice_hands_chunks_over_in_order_and_pauses_on_request() -> None:
+    payload = bytes(range(256)) * 8192  # 2 MiB
+
+    async def big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                  server: Server) -> None:
+        await server.read_request(reader)
+        writer.write(ok(payload))
+        await writer.drain()
+        await server.read_request(reader)
+
+    async with running(big) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1, 1.0)
+        response = await pool.send(pool.head("/x", 0, {}), b"")
+        await response.wait_head()
+        await asyncio.sleep(0.05)  # some of the body arrives before the splice: it goes first
+        assert response._chunks
+        parts: list[bytes] = []
+
+        def sink(chunk: bytes) -> bool:
+            parts.append(chunk)
+            return sum(map(len, parts)) % (512 * 1024) < len(chunk)  # pause every ~512 KiB
+
+        response.splice(sink)
+        num_pauses = 0
+        while not response.is_complete:
+            await response.wait_spliced()
+            if response.is_paused:
+                num_pauses += 1
+                before = len(parts)
+                await asyncio.sleep(0.02)
+                assert len(parts) == before  # paused: nothing more is handed over
+                response.resume_reading()
+        assert b"".join(parts) == payload
+        assert num_pauses >= 2
+        assert await response.readany() == b""
+        pool.close()
+
+
 async def test_connection_close_is_not_reused() -> None:
     async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                    server: Server) -> None:

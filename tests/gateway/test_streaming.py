@@ -218,3 +218,81 @@ def test_steady_stream_is_not_cut_by_the_idle_timeout(
     # Gaps of 0.15 s, each under the 0.3 s idle limit, over a stream longer than the limit.
     chunks = list(streams.open(idle_gateway, 6, token_delay_ms=150))
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def _raw_stream(gateway: Gateway, key: str, max_tokens: int, *, http_version: str,
+                pause_s: float = 0.0) -> tuple[bytes, bytes]:
+    """One chat stream over a plain socket with a 4 KiB receive buffer: the head and the raw
+    body bytes (chunked framing, if any, left in). ``pause_s``: read nothing for that long
+    after the head, so the gateway's writes back up."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(gateway.url)
+    body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": max_tokens,
+                       "stream": True}).encode()
+    head = (f"POST /v1/chat/completions HTTP/{http_version}\r\nHost: {parts.netloc}\r\n"
+            f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(20)
+        sock.connect((parts.hostname, parts.port))
+        sock.sendall(head + body)
+        received = bytearray()
+        while b"\r\n\r\n" not in received:
+            received += sock.recv(4096)
+        time.sleep(pause_s)
+        while data := sock.recv(65536):
+            received += data
+    response_head, _, raw = bytes(received).partition(b"\r\n\r\n")
+    return response_head, raw
+
+
+def _dechunk(raw: bytes) -> bytes:
+    body = bytearray()
+    while True:
+        size_line, _, raw = raw.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            assert raw == b"\r\n", "the last chunk must end the body"
+            return bytes(body)
+        body += raw[:size]
+        assert raw[size:size + 2] == b"\r\n", "each chunk ends with CRLF"
+        raw = raw[size + 2:]
+
+
+def _sse_data(body: bytes) -> list[Any]:
+    events = [event.removeprefix(b"data: ") for event in body.split(b"\n\n") if event]
+    return [e.decode() if e == b"[DONE]" else json.loads(e) for e in events]
+
+
+def test_a_slow_reader_gets_a_long_stream_whole(streams: Streams, stream_gateway: Gateway) -> None:
+    # ~5 MB of events written by the engine at once, read by a client that first reads nothing
+    # for 1 s through a 4 KiB buffer: the gateway must pause the engine and resume it, losing
+    # and reordering nothing.
+    max_tokens = 20_000
+    head, raw = _raw_stream(stream_gateway, streams.key, max_tokens, http_version="1.1",
+                            pause_s=1.0)
+
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"transfer-encoding: chunked" in head.lower()
+    events = _sse_data(_dechunk(raw))
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert len(chunks) == max_tokens + 2  # the role, each token, the finish
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert len(raw) > 4_000_000
+    streams.assert_serves(stream_gateway)
+
+
+def test_an_http10_client_gets_the_stream_unchunked(
+    streams: Streams, stream_gateway: Gateway
+) -> None:
+    head, raw = _raw_stream(stream_gateway, streams.key, 50, http_version="1.0")
+
+    assert head.startswith(b"HTTP/1.0 200") or head.startswith(b"HTTP/1.1 200")
+    assert b"transfer-encoding" not in head.lower()
+    events = _sse_data(raw)  # the body is the events themselves, ended by the close
+    assert events[-1] == "[DONE]"
+    assert len(events) == 50 + 3
