@@ -119,7 +119,12 @@ async def test_pool_bounds_open_connections_and_queues_the_rest() -> None:
 
     async with running(slow) as server:
         pool = Pool(f"http://127.0.0.1:{server.port}", 2, 1.0)
-        results = await asyncio.gather(*(exchange(pool) for _ in range(8)))
+        assert not pool.is_full
+        exchanges = asyncio.gather(*(exchange(pool) for _ in range(8)))
+        await asyncio.sleep(0.01)
+        assert pool.is_full  # both connections busy, six requests waiting
+        results = await exchanges
+        assert not pool.is_full
         pool.close()
     assert [status for status, _, _ in results] == [200] * 8
     assert server.max_open == 2
