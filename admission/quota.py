@@ -233,9 +233,9 @@ class QuotaStore:
             log.error("quota store: settle failed: %r", exc)
 
     async def aclose(self) -> None:
-        """Close the store's own Redis connection, if it has one (not the client's)."""
-        if isinstance(self._batcher, RespScriptPipe):
-            await self._batcher.aclose()
+        """Send the deferred settles (waiting up to 1 s for them) and close the store's own
+        Redis connection, if it has one (not the client's)."""
+        await self._batcher.aclose()
 
     async def renew(self, tenant_id: str, request_id: str) -> bool:
         """Extend the lease by ``lease_ttl_s``; call every ``lease_ttl_s / 3`` while streaming.

@@ -146,6 +146,21 @@ class ScriptBatcher:
             self._defer_timer = loop.call_later(max_delay_s, self._flush_deferred)
         return future
 
+    async def aclose(self, flush_timeout_s: float = 1.0) -> None:
+        """Send what is deferred or queued and wait up to ``flush_timeout_s`` for the answers
+        (the last requests' settles reach Redis on shutdown, instead of holding their leases
+        until the TTL), then fail what is left. The Redis client is the caller's to close."""
+        if flush_timeout_s > 0 and (self._deferred or self._pending or self._in_flight):
+            waiting: list[asyncio.Future[Any]] = [queued.future for queued in self._deferred]
+            waiting += [queued.future for queued in self._pending]
+            self._flush_deferred()
+            waiting += list(self._in_flight)
+            await asyncio.wait(waiting, timeout=flush_timeout_s)
+        closed = RedisConnectionError("quota script batcher closed")
+        _fail(self._pending, closed)
+        self._pending.clear()
+        _fail(self._take_deferred(), closed)
+
     def _take_deferred(self) -> list[_Call]:
         deferred, self._deferred = self._deferred, []
         if self._defer_timer is not None:

@@ -409,3 +409,25 @@ async def test_a_settle_rides_with_the_next_acquire_or_leaves_after_its_delay(
     assert 0.25 <= time.monotonic() - started_s < 2.0
     assert round_trips(store) == trips_before + 2
     assert await redis.zcard(quota_keys(tenant)[2]) == 0  # no lease left behind
+
+
+async def test_aclose_sends_the_deferred_settles(redis: aioredis.Redis,
+                                                  own_connection: bool) -> None:
+    # A settle deferred for 30 s (waiting for an acquire to ride with) would hold its lease
+    # until the TTL if closing dropped it; aclose sends it first, on both transports.
+    store = QuotaStore(redis, own_connection=own_connection, settle_delay_s=30.0)
+    limits, tenant = QuotaLimits(max_concurrent=1), new_tenant()
+    request_id = rid()
+    assert (await store.acquire(tenant, limits, tokens=0, request_id=request_id)).is_allowed
+    _, _, leases_key = quota_keys(tenant)
+    assert await redis.zcard(leases_key) == 1
+    store.settle_soon(tenant, limits, reserved_tokens=0, actual_tokens=0, request_id=request_id)
+    await asyncio.sleep(0.05)
+    assert await redis.zcard(leases_key) == 1  # still deferred
+
+    await store.aclose()
+
+    assert await redis.zcard(leases_key) == 0
+    other = QuotaStore(redis, own_connection=own_connection)
+    assert (await other.acquire(tenant, limits, tokens=0, request_id=rid())).is_allowed
+    await other.aclose()
