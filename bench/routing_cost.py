@@ -14,8 +14,9 @@ It prints p50 / p99 microseconds per decision and PASS/FAIL against the target (
 for ``prefix_affinity``, the default profile, ranking all 64); nothing is asserted. On a shared
 machine other processes only ever add time, so the figures come from the quietest round (lowest
 p99), next to the median round's p99, the process CPU per call and how busy the other
-processes kept the machine. ``top 4`` is the same decision asked for the pick and three
-retries only (``max_ranked=4``), as a gateway that retries three times would ask.
+processes kept the machine. ``top 2`` is the same decision as the gateway asks for it
+(``gateway/proxy.py``: the pick and one retry, ``max_ranked=2``), also checked against the
+target; ``top 4`` asks for the pick and three retries.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ BLOCK_SIZE = 16
 NUM_PROMPT_TOKENS = 4096
 NUM_REQUESTS = 32  # distinct prompts, cycled, so no single chain stays hot in the CPU caches
 TARGET_P99_US = 100.0
+GATEWAY_MAX_RANKED = 2  # what gateway/proxy.py asks for: the pick and one retry
 MODEL = "bench-model"
 
 
@@ -163,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     num_calls, num_rounds = (1_000, 1) if args.quick else (args.calls, args.rounds)
     cases: list[tuple[str, str | None, int | None]] = [("index.match only", None, None)]
     cases += [(name, name, None) for name in args.profile or PROFILES]
+    cases.append((f"{DEFAULT_PROFILE}, top 2", DEFAULT_PROFILE, GATEWAY_MAX_RANKED))
     cases.append((f"{DEFAULT_PROFILE}, top 4", DEFAULT_PROFILE, 4))
     num_blocks = NUM_PROMPT_TOKENS // BLOCK_SIZE
     print(f"routing decision cost: {NUM_PROMPT_TOKENS}-token prompt ({num_blocks} blocks of "
@@ -181,9 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         others = statistics.median(r.others_cores_busy for r in rounds)
         print(f"{label:<26}{best.p50_us:>9.1f}{best.p99_us:>9.1f}{p99_median:>9.1f}"
               f"{cpu_us:>9.1f}{others:>8.2f}")
-        if name == DEFAULT_PROFILE and max_ranked is None:
+        if name == DEFAULT_PROFILE and max_ranked in (None, GATEWAY_MAX_RANKED):
             status = "PASS" if best.p99_us <= TARGET_P99_US else "FAIL"
-            print(f"  target p99 <= {TARGET_P99_US:g} us (all {NUM_BACKENDS} ranked): {status}")
+            ranked = (f"all {NUM_BACKENDS} ranked" if max_ranked is None
+                      else f"top {max_ranked}, as the gateway asks")
+            print(f"  target p99 <= {TARGET_P99_US:g} us ({ranked}): {status}")
     return 0
 
 
