@@ -1,0 +1,1 @@
+"""Tests of backends.tokenizer: the SmolLM2 GGUF tokenizer, its other sources, the approximation."""
