@@ -52,7 +52,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--kv-fraction", type=float, default=None,
         help="KV per worker as a fraction of the working set (default: 24,576 blocks, an H100)")
     add("--heartbeat-s", type=float, default=1.0, help="load figures refresh interval")
-    add("--kv-delay-ms", type=float, default=50.0, help="KV event delivery delay")
+    add("--kv-flush-ms", type=float, default=50.0,
+        help="a worker's KV events go out at its publisher's next flush, this often")
+    add("--kv-delay-ms", type=float, default=1.0, help="KV event delivery delay after a flush")
+    add("--poll-s", type=float, default=0.25,
+        help="the gateway reads heartbeats this often (0: as they are sent)")
+    add("--dispatch-ms", type=float, default=0.0,
+        help="fixed latency per request of the live path (HTTP, parsing, tokenizing)")
     add("--max-age-s", type=float, default=5.0, help="load older than this is stale")
     add("--silent-workers", type=int, default=0, help="workers whose heartbeats stop at t=0")
     add("--warmup", type=float, default=0.1,
@@ -103,7 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker = replace(worker, num_kv_blocks=kv_blocks_for(args.kv_fraction, probe, worker))
     config = SimConfig(num_workers=args.workers, num_requests=args.requests, seed=args.seed,
                        worker=worker, heartbeat_s=args.heartbeat_s,
-                       kv_event_delay_s=args.kv_delay_ms / 1000, max_age_s=args.max_age_s,
+                       kv_event_delay_s=args.kv_delay_ms / 1000,
+                       kv_flush_s=args.kv_flush_ms / 1000, poll_interval_s=args.poll_s,
+                       dispatch_s=args.dispatch_ms / 1000, max_age_s=args.max_age_s,
                        num_silent_workers=args.silent_workers, warmup_fraction=args.warmup)
     capacity = math.nan
     rate = args.rate

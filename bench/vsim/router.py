@@ -17,7 +17,10 @@ Two shortcuts keep a decision cheap for large fleets, neither changing a decisio
   text here. Each token block's chain hash, XORed with a constant, stands in for one character
   block (64 characters ~ 16 tokens, the gateway's ``block_chars // 4`` estimate), so the
   approximate index is as fine-grained as the exact one: what differs is only where its
-  knowledge comes from (its own routing history with a TTL, blind to evictions).
+  knowledge comes from (its own routing history with a TTL, blind to evictions). A request
+  that carries its prompt ``text`` (a replayed live run) is hashed from the text as the
+  gateway hashes it, and in ``approx`` mode its prompt tokens are the gateway's
+  ``len(text) // 4`` estimate.
 - **Cached states.** A backend's ``BackendState`` is rebuilt only when its figures change
   (``mark_changed``: a heartbeat, a dispatch, a first token, a finish, or its load turning
   stale). Its ``age_s`` is then as of that rebuild, not of the decision; routing reads
@@ -28,8 +31,8 @@ Example::
 
     router = VirtualRouter(backends, "prefix_affinity", "exact", model="m")
     plan = router.describe(request)
-    index = router.rank(plan, now_s=1.5)
-    router.started(index, plan, now_s=1.5)
+    index, expected_cached_tokens = router.rank(plan, now_s=1.5)
+    router.started(index, plan, now_s=1.5, expected_cached_tokens=expected_cached_tokens)
 """
 
 from __future__ import annotations
@@ -44,13 +47,14 @@ from bench.vsim.workloads import VRequest
 from gateway.router import RoutePlan
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import EventKind, ExactPrefixIndex
-from routing.prefix import token_block_hashes
+from routing.prefix import char_block_hashes, token_block_hashes
 from routing.profiles import profile_by_name
 from routing.scheduler import schedule
 from routing.types import BackendState, FleetSnapshot, PrefixMatch, RouteRequest
 
 INDEX_MODES = ("none", "exact", "approx")
 CHAR_HASH_SALT = 0x5A5A_C3C3_A5A5_3C3C
+CHAR_BLOCK_CHARS = 64  # the gateway's routing.block_chars default
 _NO_MATCH = PrefixMatch()
 
 
@@ -81,12 +85,17 @@ class VirtualRouter:
     def describe(self, request: VRequest) -> RoutePlan:
         block_hashes: tuple[int, ...] = ()
         char_hashes: tuple[int, ...] = ()
+        num_prompt_tokens = len(request.prompt_ids)
         if self.index_mode != "none":
             block_hashes = tuple(self.block_hashes(request))
-            char_hashes = tuple(h ^ CHAR_HASH_SALT for h in block_hashes)
+            if request.text is None:
+                char_hashes = tuple(h ^ CHAR_HASH_SALT for h in block_hashes)
+            else:  # as gateway/router.py: 64-character blocks, len // 4 tokens without a tokenizer
+                char_hashes = tuple(char_block_hashes(request.text, CHAR_BLOCK_CHARS, self.model))
             if self.index_mode == "approx":
                 block_hashes = ()
-        num_prompt_tokens = len(request.prompt_ids)
+                if request.text is not None:
+                    num_prompt_tokens = max(1, len(request.text) // 4)
         route_request = RouteRequest(
             model=self.model, num_prompt_tokens=num_prompt_tokens, block_hashes=block_hashes,
             char_hashes=char_hashes, tenant_id=str(request.group), max_tokens=request.max_tokens)
@@ -110,8 +119,9 @@ class VirtualRouter:
         """Backend ``index``'s figures changed: rebuild its state before the next decision."""
         self._changed.add(index)
 
-    def rank(self, plan: RoutePlan, now_s: float) -> int | None:
-        """The index of the backend to send ``plan`` to, or None when none can take it."""
+    def rank(self, plan: RoutePlan, now_s: float) -> tuple[int, int] | None:
+        """The index of the backend to send ``plan`` to and the prompt tokens it is expected to
+        hold cached, or None when no backend can take it."""
         states = self._states
         if self._changed:
             backends = self.backends
@@ -121,7 +131,9 @@ class VirtualRouter:
         snapshot = FleetSnapshot(now_s=now_s, backends=tuple(states),
                                  prefix=self._match(plan.request, now_s), max_age_s=self.max_age_s)
         ranked = schedule(plan.request, snapshot, self.profile, now_s, self._rng, max_ranked=1)
-        return self._by_name[ranked[0].backend] if ranked else None
+        if not ranked:
+            return None
+        return self._by_name[ranked[0].backend], ranked[0].expected_cached_tokens
 
     def _match(self, request: RouteRequest, now_s: float) -> PrefixMatch:
         if request.block_hashes and self.exact_index is not None:
@@ -133,25 +145,33 @@ class VirtualRouter:
         return _NO_MATCH
 
     # -- bookkeeping ----------------------------------------------------------------------
-    def started(self, index: int, plan: RoutePlan, now_s: float) -> None:
+    def started(self, index: int, plan: RoutePlan, now_s: float,
+                expected_cached_tokens: int = 0) -> None:
         backend = self.backends[index]
         backend.num_in_flight += 1
         backend.num_in_flight_tokens += plan.reserved_tokens
-        backend.num_in_flight_prompt_tokens += plan.request.num_prompt_tokens
+        # As gateway/router.py: the in-flight prefill backlog counts only what the backend must
+        # compute (a cache hit costs it almost nothing).
+        plan.pending_prefill_tokens = max(0, plan.request.num_prompt_tokens
+                                          - expected_cached_tokens)
+        backend.num_in_flight_prompt_tokens += plan.pending_prefill_tokens
         self._changed.add(index)
         if plan.request.char_hashes and self.approx_index is not None:
             self.approx_index.record(plan.request.char_hashes, backend.name, now_s)
 
     def first_token(self, index: int, plan: RoutePlan) -> None:
-        self.backends[index].num_in_flight_prompt_tokens -= plan.request.num_prompt_tokens
+        self.backends[index].num_in_flight_prompt_tokens -= plan.pending_prefill_tokens
         self._changed.add(index)
 
     def finished(self, index: int, plan: RoutePlan, *, had_first_token: bool) -> None:
         backend = self.backends[index]
         backend.num_in_flight -= 1
         backend.num_in_flight_tokens -= plan.reserved_tokens
+        # As gateway/router.py: the engine now runs fewer than its last heartbeat said
+        # (Backend.state subtracts these until the next heartbeat resets the count).
+        backend.num_finished_since_load += 1
         if not had_first_token:
-            backend.num_in_flight_prompt_tokens -= plan.request.num_prompt_tokens
+            backend.num_in_flight_prompt_tokens -= plan.pending_prefill_tokens
         self._changed.add(index)
 
     def apply_kv_events(self, index: int, events: Iterable[KvEvent]) -> None:

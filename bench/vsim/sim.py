@@ -2,22 +2,36 @@
 
 Events, in time order (ties in the order they were scheduled):
 
-- **arrival** (Poisson, ``bench.run.arrivals.gap_s``): KV events due by now reach the exact
-  index, the router describes and ranks the request and it is added to the first-ranked
-  worker's core; an idle worker starts a step at once;
+- **arrival** (Poisson, ``bench.run.arrivals.gap_s``, or the times given to ``Simulation``):
+  KV events due by now reach the exact index, the router describes and ranks the request and
+  it is added to the first-ranked worker's core ``dispatch_s`` later (at once by default); an
+  idle worker starts a step when it gets the request;
 - **step end**, per worker: the loop of ``backends/sim/worker.py`` without the sleeping --
   ``step(now)`` priced a step, now ``finish_step(end)``; first tokens and finishes update the
-  records and the router's in-flight books; the step's KV events are queued for delivery
-  ``kv_event_delay_s`` later; the next step starts if the core has work;
+  records and the router's in-flight books; the step's KV events are delivered as the live
+  worker's publisher sends them (``backends/publisher.py``): at its next flush, every
+  ``kv_flush_s`` (a phase per worker), plus ``kv_event_delay_s`` for Redis and the gateway's
+  blocking read; the next step starts if the core has work;
 - **heartbeat**, per worker at time 0 and then every ``heartbeat_s`` (phases spread over the
-  interval): the router's ``Backend`` gets the core's running / waiting / KV usage / queued
-  prefill figures, observed now; their age is what ``schedule()``'s fresh filter judges. The
-  first ``num_silent_workers`` send the one at time 0 and then fall silent (lost heartbeats);
+  interval): the core's running / waiting / KV usage / queued prefill figures, observed now,
+  are published; their age is what ``schedule()``'s fresh filter judges. The first
+  ``num_silent_workers`` send the one at time 0 and then fall silent (lost heartbeats);
+- **poll**, every ``poll_interval_s``: the gateway reads the latest heartbeats into its
+  ``Backend`` records, as ``backends/fleet.py`` ``FleetSync.poll_members`` does, which also
+  resets every backend's ``num_finished_since_load`` (0 turns polling off: a heartbeat
+  reaches the ``Backend`` at once and resets it);
 - **stale**: the moment a worker's figures exceed ``max_age_s`` with no newer heartbeat due
   before (silent workers, or ``heartbeat_s > max_age_s``).
 
 Nothing is forked: the engine is ``backends.sim.core``, the decision ``routing.schedule``, the
 gateway's per-backend record ``backends.registry.Backend``.
+
+**The live path's fixed latency.** Live, a request reaches the engine a few milliseconds
+after the gateway decided (the gateway's work, the loopback hop, the worker parsing and
+tokenizing the prompt) and its first token reaches the client a little after the engine's
+step ended (the SSE relay, the worker loop's 1 ms timer). ``dispatch_s`` adds that whole
+fixed cost before the engine sees the request; ``bench.vsim_agreement`` measures it on an
+idle live fleet. It is 0 by default (an ideal gateway).
 
 Example::
 
@@ -29,9 +43,11 @@ Example::
 from __future__ import annotations
 
 import heapq
+import math
 import random
 import time
 from collections import deque
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 from backends.fleet import profile_from_heartbeat
@@ -58,7 +74,7 @@ PROFILES: dict[str, tuple[str, str]] = {
     "prefix_affinity_no_room": ("prefix_affinity_no_room", "exact"),
     "prefix_affinity_no_room_approx": ("prefix_affinity_no_room", "approx"),
 }
-_STEP_END, _ARRIVAL, _HEARTBEAT, _STALE = 0, 1, 2, 3
+_STEP_END, _ARRIVAL, _HEARTBEAT, _STALE, _DISPATCH, _POLL = 0, 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +88,16 @@ class SimConfig:
     seed: int = 1
     worker: WorkerProfile = field(default_factory=lambda: WorkerProfile(model=MODEL))
     heartbeat_s: float = 1.0
-    kv_event_delay_s: float = 0.05
+    # backends/fleet.py FleetSync's membership poll (reads the heartbeats); 0: no polling
+    poll_interval_s: float = 0.25
+    kv_flush_s: float = 0.05  # backends/publisher.py KvPublisher's flush interval
+    kv_event_delay_s: float = 0.001  # after the flush: Redis and the gateway's XREAD
     max_age_s: float = 5.0
     approx_ttl_s: float = 600.0
     num_silent_workers: int = 0
     warmup_fraction: float = 0.1  # of requests, simulated but left out of the figures
+    num_warmup: int | None = None  # the first requests left out; overrides warmup_fraction
+    dispatch_s: float = 0.0  # the live path's fixed latency per request (module docstring)
 
 
 @dataclass(slots=True)
@@ -91,7 +112,13 @@ class _InFlight:
 class Simulation:
     """One run's state; ``run()`` once. ``simulate()`` is the usual entry point."""
 
-    def __init__(self, config: SimConfig, workload: Workload) -> None:
+    def __init__(self, config: SimConfig, workload: Workload,
+                 arrivals_s: Seq[float] | None = None) -> None:
+        """``arrivals_s``: each request's arrival time (ascending, one per request) in place
+        of Poisson arrivals at ``config.rate_per_s``; a replay of a live run's sends."""
+        if arrivals_s is not None and len(arrivals_s) != config.num_requests:
+            raise ValueError(f"{len(arrivals_s)} arrival times for {config.num_requests} "
+                             "requests")
         if config.profile not in PROFILES:
             raise ValueError(f"unknown profile {config.profile!r}; use {', '.join(PROFILES)}")
         if config.num_workers < 1 or config.num_requests < 1 or config.rate_per_s <= 0:
@@ -114,7 +141,11 @@ class Simulation:
         self.is_stepping = [False] * config.num_workers
         self._heap: list[tuple[float, int, int, int]] = []
         self._num_events = 0
-        self._kv_queue: deque[tuple[float, int, list[KvEvent]]] = deque()
+        self._kv_queue: list[tuple[float, int, int, list[KvEvent]]] = []  # a heap
+        self._num_kv_batches = 0
+        self._dispatching: deque[tuple[int, VRequest, RoutePlan, int]] = deque()
+        self._published: list[tuple[float, EngineFigures] | None] = [None] * config.num_workers
+        self._arrivals_s = arrivals_s
         self._in_flight: dict[str, _InFlight] = {}
         self._arrival_rng = random.Random(f"{config.seed}:vsim-arrivals")
         self._num_arrived = 0
@@ -127,9 +158,11 @@ class Simulation:
         started_s = time.perf_counter()
         config = self.config
         for i in range(config.num_workers):  # every worker is observed idle at the start
-            self._observe(i, 0.0)
+            self._apply(i, 0.0, _figures(self.cores[i]))
             self._next_heartbeat(i, config.heartbeat_s * (i + 1) / config.num_workers, 0.0)
-        self._push(gap_s(config.rate_per_s, "poisson", 1.0, self._arrival_rng), _ARRIVAL, -1)
+        self._push(self._next_arrival_s(0.0), _ARRIVAL, -1)
+        if config.poll_interval_s > 0:
+            self._push(config.poll_interval_s, _POLL, -1)
         heap = self._heap
         pop = heapq.heappop
         while heap:
@@ -140,6 +173,10 @@ class Simulation:
                 self._arrive(now_s)
             elif kind == _HEARTBEAT:
                 self._heartbeat(worker, now_s)
+            elif kind == _DISPATCH:
+                self._dispatch(now_s)
+            elif kind == _POLL:
+                self._poll(now_s)
             else:
                 self.router.mark_changed(worker)
         return summarize(
@@ -148,40 +185,63 @@ class Simulation:
             kv_tokens_per_worker=config.worker.kv_capacity_tokens, busy_s=self.busy_s,
             num_preemptions=sum(core.num_preemptions for core in self.cores),
             wall_s=time.perf_counter() - started_s,
-            num_warmup=int(config.warmup_fraction * config.num_requests))
+            num_warmup=(config.num_warmup if config.num_warmup is not None
+                        else int(config.warmup_fraction * config.num_requests)))
+
+    def _next_arrival_s(self, now_s: float) -> float:
+        if self._arrivals_s is not None:
+            return self._arrivals_s[self._num_arrived]
+        return now_s + gap_s(self.config.rate_per_s, "poisson", 1.0, self._arrival_rng)
 
     def _arrive(self, now_s: float) -> None:
         index = self._num_arrived
         self._num_arrived += 1
         if self._num_arrived < self.config.num_requests:
-            self._push(now_s + gap_s(self.config.rate_per_s, "poisson", 1.0, self._arrival_rng),
-                       _ARRIVAL, -1)
+            self._push(self._next_arrival_s(now_s), _ARRIVAL, -1)
         kv_queue, router = self._kv_queue, self.router
         while kv_queue and kv_queue[0][0] <= now_s:
-            _, source, events = kv_queue.popleft()
+            _, _, source, events = heapq.heappop(kv_queue)
             router.apply_kv_events(source, events)
         request = self.workload.next_request(index)
         plan = router.describe(request)
-        worker = router.rank(plan, now_s)
-        seq = None
-        if worker is not None:
-            try:
-                seq = self.cores[worker].add_request(
-                    str(index), request.prompt_ids, request.max_tokens, now_s)
-            except ValueError:  # the engine can never serve it; the gateway would relay a 400
-                seq = None
-        recorder = self.recorder
-        recorder.group[index] = request.group
-        if seq is None or worker is None:
-            recorder.arrived(index, now_s, (), len(request.prompt_ids))
-            self.workload.finished(request)
+        ranked = router.rank(plan, now_s)
+        self.recorder.group[index] = request.group
+        if ranked is None:
+            self._reject(index, request, now_s)
             return
-        recorder.arrived(index, now_s, seq.block_hashes, seq.num_prompt_tokens)
+        worker, expected_cached_tokens = ranked
+        router.started(worker, plan, now_s, expected_cached_tokens)
+        if self.config.dispatch_s > 0:
+            self._dispatching.append((index, request, plan, worker))
+            self._push(now_s + self.config.dispatch_s, _DISPATCH, worker)
+        else:
+            self._admit(index, request, plan, worker, now_s, now_s)
+
+    def _dispatch(self, now_s: float) -> None:
+        index, request, plan, worker = self._dispatching.popleft()  # a fixed delay: FIFO
+        self._admit(index, request, plan, worker, now_s - self.config.dispatch_s, now_s)
+
+    def _admit(self, index: int, request: VRequest, plan: RoutePlan, worker: int,
+               arrived_s: float, now_s: float) -> None:
+        """The request reaches the engine of ``worker`` at ``now_s`` (it arrived at
+        ``arrived_s``, when the router sent it there)."""
+        try:
+            seq = self.cores[worker].add_request(
+                str(index), request.prompt_ids, request.max_tokens, now_s)
+        except ValueError:  # the engine can never serve it; the gateway relays a 400
+            self.router.finished(worker, plan, had_first_token=False)
+            self._reject(index, request, arrived_s)
+            return
+        recorder = self.recorder
+        recorder.arrived(index, arrived_s, seq.block_hashes, seq.num_prompt_tokens)
         recorder.worker[index] = worker
         self._in_flight[seq.seq_id] = _InFlight(request, plan, worker, seq)
-        router.started(worker, plan, now_s)
         if not self.is_stepping[worker]:
             self._start_step(worker, now_s)
+
+    def _reject(self, index: int, request: VRequest, arrived_s: float) -> None:
+        self.recorder.arrived(index, arrived_s, (), len(request.prompt_ids))
+        self.workload.finished(request)
 
     def _start_step(self, worker: int, now_s: float) -> None:
         _, step_s = self.cores[worker].step(now_s)
@@ -211,24 +271,51 @@ class Simulation:
                 self.workload.finished(item.request)
         events = core.drain_kv_events()
         if events and router.exact_index is not None:
-            self._kv_queue.append((now_s + self.config.kv_event_delay_s, worker, events))
+            self._num_kv_batches += 1
+            heapq.heappush(self._kv_queue, (self._kv_delivery_s(worker, now_s),
+                                            self._num_kv_batches, worker, events))
         if core.has_work:
             self._start_step(worker, now_s)
         else:
             self.is_stepping[worker] = False
 
+    def _kv_delivery_s(self, worker: int, now_s: float) -> float:
+        """When KV events a worker recorded at ``now_s`` reach the gateway's index: at its
+        publisher's next flush (every ``kv_flush_s``, each worker at its own phase)."""
+        config = self.config
+        flush_s = config.kv_flush_s
+        if flush_s <= 0:
+            return now_s + config.kv_event_delay_s
+        phase_s = flush_s * worker / config.num_workers
+        num_ticks = math.floor((now_s - phase_s) / flush_s) + 1
+        return phase_s + num_ticks * flush_s + config.kv_event_delay_s
+
     def _heartbeat(self, worker: int, now_s: float) -> None:
-        self._observe(worker, now_s)
+        figures = _figures(self.cores[worker])
+        if self.config.poll_interval_s > 0:
+            self._published[worker] = (now_s, figures)  # read by the gateway's next poll
+        else:
+            self._apply(worker, now_s, figures)
         self._next_heartbeat(worker, now_s + self.config.heartbeat_s, now_s)
 
-    def _observe(self, worker: int, now_s: float) -> None:
-        core, backend = self.cores[worker], self.backends[worker]
-        backend.load_observed_s = now_s
-        backend.num_running = core.num_running
-        backend.num_waiting = core.num_waiting
-        backend.kv_usage = core.kv_usage
-        backend.num_queued_prefill_tokens = core.num_queued_prefill_tokens
-        backend.num_prefix_kv_blocks = core.block_manager.num_prefix_blocks
+    def _poll(self, now_s: float) -> None:
+        for worker, published in enumerate(self._published):
+            if published is not None:
+                self._apply(worker, *published)
+                self._published[worker] = None
+            else:  # FleetSync re-reads the same heartbeat and resets this all the same
+                self.backends[worker].num_finished_since_load = 0
+                self.router.mark_changed(worker)
+        if self._num_arrived < self.config.num_requests or self._in_flight:
+            self._push(now_s + self.config.poll_interval_s, _POLL, -1)
+
+    def _apply(self, worker: int, observed_s: float, figures: EngineFigures) -> None:
+        """The gateway takes in a heartbeat observed at ``observed_s``, as ``FleetSync``."""
+        backend = self.backends[worker]
+        backend.load_observed_s = observed_s
+        (backend.num_running, backend.num_waiting, backend.kv_usage,
+         backend.num_queued_prefill_tokens, backend.num_prefix_kv_blocks) = figures
+        backend.num_finished_since_load = 0
         self.router.mark_changed(worker)
 
     def _next_heartbeat(self, worker: int, at_s: float, now_s: float) -> None:
@@ -241,6 +328,16 @@ class Simulation:
             self._push(now_s + config.max_age_s * (1 + 1e-9) + 1e-9, _STALE, worker)
 
 
-def simulate(config: SimConfig, workload: Workload) -> RunResult:
+# A heartbeat's load figures: running, waiting, KV usage, queued prefill tokens, prefix blocks.
+EngineFigures = tuple[int, int, float, int, int]
+
+
+def _figures(core: SimEngineCore) -> EngineFigures:
+    return (core.num_running, core.num_waiting, core.kv_usage, core.num_queued_prefill_tokens,
+            core.block_manager.num_prefix_blocks)
+
+
+def simulate(config: SimConfig, workload: Workload,
+             arrivals_s: Seq[float] | None = None) -> RunResult:
     """Run ``workload`` through the fleet ``config`` describes; see the module docstring."""
-    return Simulation(config, workload).run()
+    return Simulation(config, workload, arrivals_s).run()

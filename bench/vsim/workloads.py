@@ -57,6 +57,8 @@ class VRequest:
 
     Requests with the same ``prefix_group`` share their first ``num_prefix_tokens`` tokens (a
     system prompt); the router hashes that part once per group. None: nothing known shared.
+    ``text`` is the prompt as the gateway reads it (``bench.vsim.replay``): when set, the
+    approximate index hashes it as the gateway does, not the token blocks.
     """
 
     index: int
@@ -65,6 +67,7 @@ class VRequest:
     group: int
     prefix_group: int | None = None
     num_prefix_tokens: int = 0
+    text: str | None = None
 
 
 class Workload(Protocol):
