@@ -101,6 +101,7 @@ class FleetSync:
         self._stream_ids: dict[str, bytes] = {}  # backend name -> last KV stream id applied
         self._epochs: dict[str, str] = {}  # backend name -> its worker's current epoch
         self._worker_ids: dict[str, str] = {}  # backend name -> worker id (names its streams)
+        self._load_ts_ms: dict[str, float] = {}  # backend name -> when its load figures were made
         self._streams_changed = asyncio.Event()
 
     def start(self) -> list[asyncio.Task[None]]:
@@ -173,13 +174,19 @@ class FleetSync:
         backend.num_prefix_kv_blocks = (int(prefix_blocks) if isinstance(prefix_blocks, int | float)
                                         and not isinstance(prefix_blocks, bool) else None)
         backend.load_observed_s = time.monotonic() - age_s
-        backend.num_finished_since_load = 0
+        # A poll that reads the same heartbeat again keeps the finishes seen since it was read
+        # (the engine's figures still count those requests); a new heartbeat starts afresh.
+        ts_ms = float(doc["ts_ms"])
+        if self._load_ts_ms.get(backend.name) != ts_ms:
+            self._load_ts_ms[backend.name] = ts_ms
+            backend.num_finished_since_load = 0
         if backend.source == "heartbeat":
             backend.is_healthy = True
         return backend.name
 
     def _forget(self, name: str) -> None:
         self._stream_ids.pop(name, None)
+        self._load_ts_ms.pop(name, None)
         self._epochs.pop(name, None)
         self._worker_ids.pop(name, None)
         if self._index is not None:

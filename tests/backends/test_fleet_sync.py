@@ -1,0 +1,53 @@
+"""The gateway's view of heartbeating workers (``backends.fleet.FleetSync``), on a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+
+from backends.fleet import FleetSync
+from backends.publisher import KvPublisher, WorkerIdentity
+from backends.registry import BackendRegistry
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+async def test_finishes_seen_since_a_heartbeat_survive_polls_that_reread_it(
+    redis: aioredis.Redis,
+) -> None:
+    # Heartbeats come every ~0.5 s, polls every 0.25 s: a poll often reads the same heartbeat
+    # again. The finishes the gateway saw since then are still missing from its figures, so the
+    # re-read must not forget them; a new heartbeat (which counts them) starts afresh.
+    identity = WorkerIdentity(worker_id=f"w-{uuid.uuid4().hex[:8]}",
+                              url=f"http://127.0.0.1:1/{uuid.uuid4().hex[:6]}", models=("m",),
+                              profile={"num_kv_blocks": 64, "block_size": 16})
+    publisher = KvPublisher(redis, identity, heartbeat_ttl_s=10.0)
+    registry = BackendRegistry([])
+    async with aiohttp.ClientSession() as session:
+        sync = FleetSync(registry, redis, session)
+        await publisher.heartbeat({"num_running": 4})
+        await sync.poll_members()
+        backend = registry.get(identity.worker_id)
+        assert backend is not None and backend.state(0.0).num_running == 4
+
+        backend.num_finished_since_load += 3  # the gateway saw three of them end
+        await sync.poll_members()  # the same heartbeat, read again
+        assert backend.num_finished_since_load == 3
+        assert backend.state(0.0).num_running == 1
+
+        await asyncio.sleep(0.002)  # a heartbeat of a later millisecond
+        await publisher.heartbeat({"num_running": 1})
+        await sync.poll_members()
+        assert backend.num_finished_since_load == 0
+        assert backend.state(0.0).num_running == 1
+    await publisher.withdraw()
