@@ -8,9 +8,9 @@ Token count against SmolLM2's real tokenizer, approx / real, measured in
 tests/backends/tokenizer/test_approx.py: English prose and chat 0.99-1.02, Python code 0.92,
 text with many numbers 0.90, Japanese 0.86; other Latin-script languages undercount badly
 (German 0.36), because the real vocab, trained on English, splits their words into several
-tokens. Encoding runs about 1.5x as fast as the real tokenizer; the gain is elsewhere: no 3 s load, no numpy, no model
-file. Use it where only token counts and stable ids matter: simulated engines, benchmarks of
-fleets bigger than one machine, prefix hashing of synthetic prompts.
+tokens. Encoding runs about 1.5x as fast as the real tokenizer; the gain is elsewhere: no 3 s
+load, no numpy, no model file. Use it where only token counts and stable ids matter: simulated
+engines, benchmarks of fleets bigger than one machine, prefix hashing of synthetic prompts.
 """
 
 from __future__ import annotations
