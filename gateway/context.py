@@ -35,4 +35,4 @@ class Gateway:
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
-REQUEST_ID = "switchyard.request_id"
+REQUEST_ID = web.RequestKey("switchyard_request_id", str)
