@@ -8,6 +8,7 @@ with ``handler_cancellation``), which closes the upstream connection at once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import aiohttp
@@ -23,6 +24,8 @@ from gateway.router import RoutePlan
 from gateway.slo import TIER_HEADER
 from gateway.telemetry import REQUEST_TRACE, TELEMETRY
 from gateway.validation import CompletionRequest, parse_completion_body
+
+log = logging.getLogger(__name__)
 
 _ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _FORWARDED_HEADERS = ("traceparent", "tracestate", "accept")
@@ -261,7 +264,14 @@ async def _relay_stream(
             except TimeoutError:
                 continue  # chunks may have come meanwhile: the loop looks again
             if upstream.is_paused and not splice.is_client_gone:
-                await writer.drain()  # the client reads slowly: let its buffer empty
+                try:  # the client reads slowly: let its buffer empty, for idle_s at most
+                    async with asyncio.timeout(idle_s):
+                        await writer.drain()
+                except TimeoutError:
+                    log.info("request %s: the client read nothing for %.0f s; closing",
+                             request[REQUEST_ID], idle_s)
+                    transport.abort()
+                    raise ConnectionResetError from None
                 upstream.resume_reading()
     except TimeoutError:
         gw.metrics.upstream_errors.labels(opened.backend.name, "idle_timeout").inc()

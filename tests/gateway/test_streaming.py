@@ -296,3 +296,40 @@ def test_an_http10_client_gets_the_stream_unchunked(
     events = _sse_data(raw)  # the body is the events themselves, ended by the close
     assert events[-1] == "[DONE]"
     assert len(events) == 50 + 3
+
+
+def test_a_client_that_stops_reading_is_cut_off_after_the_idle_timeout(
+    streams: Streams, idle_gateway: Gateway
+) -> None:
+    # The engine writes ~5 MB at once; the client reads the head and then nothing. Once its
+    # buffers are full the gateway pauses the engine and waits for the client to drain, for
+    # the idle timeout (0.3 s here), then closes the connection instead of holding the
+    # stream, its lease and its engine slot for as long as the client stays silent.
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(idle_gateway.url)
+    body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 20_000,
+                       "stream": True}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"Authorization: Bearer {streams.key}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    received = bytearray()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(20)
+        sock.connect((parts.hostname, parts.port))
+        sock.sendall(head + body)
+        while b"\r\n\r\n" not in received:
+            received += sock.recv(4096)
+        time.sleep(1.5)  # five idle timeouts without reading
+        try:
+            while data := sock.recv(65536):
+                received += data
+        except ConnectionResetError:
+            pass  # the gateway aborted the connection
+
+    assert received.startswith(b"HTTP/1.1 200")
+    assert len(received) < 4_000_000  # cut off: the whole stream is over 5 MB
+    assert not received.endswith(b"0\r\n\r\n")
+    streams.assert_serves(idle_gateway)
