@@ -189,17 +189,20 @@ async def test_close_before_the_end_hangs_up_and_frees_the_slot() -> None:
         pool.close()
 
 
+BIG_PAYLOAD = bytes(range(256)) * 8192  # 2 MiB
+
+
+async def answer_big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     server: Server) -> None:
+    """Answers one request with BIG_PAYLOAD, written at once, then keeps the connection."""
+    await server.read_request(reader)
+    writer.write(ok(BIG_PAYLOAD))
+    await writer.drain()
+    await server.read_request(reader)
+
+
 async def test_slow_reader_pauses_the_socket_and_loses_nothing() -> None:
-    payload = bytes(range(256)) * 8192  # 2 MiB
-
-    async def big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                  server: Server) -> None:
-        await server.read_request(reader)
-        writer.write(ok(payload))
-        await writer.drain()
-        await server.read_request(reader)
-
-    async with running(big) as server:
+    async with running(answer_big) as server:
         pool = Pool(f"http://127.0.0.1:{server.port}", 1, 1.0)
         response = await pool.send(pool.head("/x", 0, {}), b"")
         await response.wait_head()
@@ -209,21 +212,12 @@ async def test_slow_reader_pauses_the_socket_and_loses_nothing() -> None:
         while chunk := await response.readany():
             parts.append(chunk)
             await asyncio.sleep(0)
-        assert b"".join(parts) == payload
+        assert b"".join(parts) == BIG_PAYLOAD
         pool.close()
 
 
 async def test_splice_hands_chunks_over_in_order_and_pauses_on_request() -> None:
-    payload = bytes(range(256)) * 8192  # 2 MiB
-
-    async def big(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                  server: Server) -> None:
-        await server.read_request(reader)
-        writer.write(ok(payload))
-        await writer.drain()
-        await server.read_request(reader)
-
-    async with running(big) as server:
+    async with running(answer_big) as server:
         pool = Pool(f"http://127.0.0.1:{server.port}", 1, 1.0)
         response = await pool.send(pool.head("/x", 0, {}), b"")
         await response.wait_head()
@@ -245,7 +239,7 @@ async def test_splice_hands_chunks_over_in_order_and_pauses_on_request() -> None
                 await asyncio.sleep(0.02)
                 assert len(parts) == before  # paused: nothing more is handed over
                 response.resume_reading()
-        assert b"".join(parts) == payload
+        assert b"".join(parts) == BIG_PAYLOAD
         assert num_pauses >= 2
         assert await response.readany() == b""
         pool.close()
