@@ -16,14 +16,13 @@ from admission.policy import AdmissionRequest, decide, fleet_free_slots
 from admission.predictor import TtftPredictor
 from admission.tiers import DEFAULT_TIERS, tier_table
 from backends.registry import Backend, BackendRegistry
-from gateway.auth import Principal
-from gateway.keystore import ApiKey, Limits, Tenant
 from gateway.router import Router
 from gateway.slo import SloAdmission
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex
 from routing.profiles import profile_by_name
 from routing.types import BackendProfile, BackendState, FleetSnapshot, PrefixMatch
+from tests.admission.one_worker import one_worker_slo, principal
 
 TIERS = tier_table(DEFAULT_TIERS)
 NOW_S = 1000.0
@@ -143,19 +142,7 @@ def test_pop_leaves_lower_tiers_waiting_under_max_priority() -> None:
 
 @pytest.fixture
 def fleet() -> tuple[SloAdmission, Backend]:
-    worker = Backend(name="w0", url="http://127.0.0.1:9", models=frozenset({"m"}),
-                     profile=BackendProfile(max_batch=4))
-    router = Router(BackendRegistry([worker]), profile_by_name("least_load"),
-                    ExactPrefixIndex(block_size=16), ApproxPrefixIndex(), {}, seed=1)
-    return SloAdmission(DEFAULT_TIERS, router), worker
-
-
-def principal() -> Principal:
-    tenant = Tenant(id="t", name="t", tier="interactive", models=("m",), limits=Limits(),
-                    enabled=True, created_at=0.0)
-    key = ApiKey(id="k", tenant_id="t", name="k", digest="0" * 64, hint="", created_at=0.0,
-                 expires_at=None, revoked_at=None, tier=None)
-    return Principal(tenant=tenant, key=key)
+    return one_worker_slo()
 
 
 async def test_dispatcher_holds_the_last_slot_for_interactive(
