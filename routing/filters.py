@@ -1,10 +1,12 @@
 """The built-in filters: who may get a request at all.
 
 Hard filters (``model``, ``healthy``, ``resources``) drop every backend that fails them, even
-the last one: sending there would fail anyway. Soft filters (``fresh``, ``not_saturated``)
-prefer better backends but never leave the request with nowhere to go: when nobody passes,
-they keep every candidate and the load scorers (``routing.scorers``) rate the stale or
-saturated ones as loaded. Each is one pass over the candidates, O(backends).
+the last one: sending there would fail anyway. Soft filters (``fresh``, ``not_saturated``,
+``soft = True``) prefer better backends but never leave the request with nowhere to go: when
+nobody passes, ``schedule()`` keeps every candidate and the load scorers (``routing.scorers``)
+rate the stale or saturated ones as loaded. Every filter returns only the backends that pass
+(the fallback is the scheduler's, so a shortlist can tell "none of these" from "none at all",
+``routing.shortlist``). Each is one pass over the candidates, O(backends).
 
 Example config::
 
@@ -18,6 +20,8 @@ Example config::
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from routing.plugin import Cycle, check_number
 from routing.registry import register_filter
 from routing.types import BackendState
@@ -26,6 +30,8 @@ from routing.types import BackendState
 @register_filter("model")
 class ModelFilter:
     """Backends that serve the requested model."""
+
+    soft: ClassVar[bool] = False
 
     def filter(self, cycle: Cycle, candidates: list[BackendState]) -> list[BackendState]:
         model = cycle.request.model
@@ -36,6 +42,8 @@ class ModelFilter:
 class HealthyFilter:
     """Backends whose health checks pass."""
 
+    soft: ClassVar[bool] = False
+
     def filter(self, cycle: Cycle, candidates: list[BackendState]) -> list[BackendState]:
         return [b for b in candidates if b.is_healthy]
 
@@ -45,21 +53,26 @@ class FreshFilter:
     """Backends whose load figures are at most ``snapshot.max_age_s`` old.
 
     A stale backend is unknown, never idle: it is dropped while any fresh one remains. When none
-    is fresh all are kept (the request must go somewhere) and scorers treat them as loaded.
+    is fresh all are kept (soft: the request must go somewhere) and scorers treat them as
+    loaded.
     """
+
+    soft: ClassVar[bool] = True
 
     def filter(self, cycle: Cycle, candidates: list[BackendState]) -> list[BackendState]:
         stale_after_s = cycle.stale_after_s
-        fresh = [b for b in candidates if b.age_s <= stale_after_s]
-        return fresh or candidates
+        return [b for b in candidates if b.age_s <= stale_after_s]
 
 
 @register_filter("not_saturated")
 class NotSaturatedFilter:
-    """Drops backends over a waiting-queue or KV-usage threshold, unless that drops them all.
+    """Drops backends over a waiting-queue or KV-usage threshold, unless that drops them all
+    (soft).
 
     A stale backend counts as saturated (its load is unknown).
     """
+
+    soft: ClassVar[bool] = True
 
     def __init__(self, max_waiting: int = 64, max_kv_usage: float = 0.98) -> None:
         self.max_waiting = check_number("max_waiting", max_waiting, minimum=0)
@@ -68,10 +81,9 @@ class NotSaturatedFilter:
     def filter(self, cycle: Cycle, candidates: list[BackendState]) -> list[BackendState]:
         stale_after_s = cycle.stale_after_s
         max_waiting, max_kv_usage = self.max_waiting, self.max_kv_usage
-        roomy = [b for b in candidates
-                 if b.age_s <= stale_after_s and b.num_waiting <= max_waiting
-                 and b.kv_usage <= max_kv_usage]
-        return roomy or candidates
+        return [b for b in candidates
+                if b.age_s <= stale_after_s and b.num_waiting <= max_waiting
+                and b.kv_usage <= max_kv_usage]
 
 
 @register_filter("resources")
@@ -82,6 +94,8 @@ class ResourcesFilter:
     ``ceil((prompt + max_tokens) / block_size)`` blocks. A limit the backend does not advertise
     does not filter.
     """
+
+    soft: ClassVar[bool] = False
 
     def filter(self, cycle: Cycle, candidates: list[BackendState]) -> list[BackendState]:
         request = cycle.request

@@ -29,7 +29,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import islice
+from itertools import groupby
 from typing import Literal
 
 from routing.types import PrefixMatch
@@ -93,25 +93,26 @@ class ExactPrefixIndex:
     def match(self, block_hashes: Sequence[int]) -> PrefixMatch:
         """For each backend, how many leading blocks of ``block_hashes`` it holds."""
         num_blocks: dict[str, int] = {}
-        first = self._holders.get(block_hashes[0]) if block_hashes else None
-        if first is None:
-            return PrefixMatch(num_blocks, self.block_size, is_exact=True)
-        alive = last = first  # backends holding every block so far; the last holder set seen
-        depth = 1
-        for holders in map(self._holders.get, islice(block_hashes, 1, None)):
-            if holders is not last:  # interned: same object, same holders, nothing to narrow
-                if holders is None:
+        alive: frozenset[str] | None = None  # backends holding every block so far
+        depth = 0
+        # Consecutive blocks with the same holders share one interned set, so groupby (which
+        # compares by identity first, in C) walks the chain in runs: Python work per run, not
+        # per block.
+        for holders, run in groupby(map(self._holders.get, block_hashes)):
+            if holders is None:
+                break
+            if alive is None:
+                alive = holders
+            elif not alive <= holders:
+                for name in alive - holders:
+                    num_blocks[name] = depth
+                alive = alive & holders
+                if not alive:
                     break
-                last = holders
-                if not alive <= holders:
-                    for name in alive - holders:
-                        num_blocks[name] = depth
-                    alive = alive & holders
-                    if not alive:
-                        break
-            depth += 1
-        for name in alive:
-            num_blocks[name] = depth
+            depth += len(list(run))
+        if alive:
+            for name in alive:
+                num_blocks[name] = depth
         return PrefixMatch(num_blocks, self.block_size, is_exact=True)
 
     def _store(self, backend: str, hashes: Iterable[int]) -> None:

@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from operator import attrgetter
 from random import Random
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from routing.types import BackendState, FleetSnapshot, RouteRequest
 
@@ -71,7 +71,13 @@ class Cycle:
 
 
 class Filter(Protocol):
-    """Keeps the candidates that may get the request (a new list; the input is not changed)."""
+    """Keeps the candidates that pass (a new list, maybe empty; the input is not changed).
+
+    ``soft``: when a soft filter passes nobody, ``schedule()`` keeps every candidate instead of
+    leaving the request nowhere to go; a hard filter's empty list means no backend can take it.
+    """
+
+    soft: ClassVar[bool]
 
     def filter(self, cycle: Cycle, candidates: list[BackendState]) -> list[BackendState]: ...
 

@@ -7,11 +7,13 @@ Example::
                     {"type": "not_saturated", "max_waiting": 64}],
         "scorers": [{"type": "prefix", "weight": 3}, {"type": "queue", "weight": 1}],
         "picker": {"type": "max_score"},
+        "shortlist": {"above": 16, "holders": 4, "sampled": 8},   # optional: large fleets
     }, name="mine")
 
 Every key is checked: an unknown section, plugin type or setting, a missing ``type`` or a bad
 weight is a ValueError whose message starts with where it is (``scorers[1].weight: ...``).
-``filters`` and ``scorers`` default to none, ``picker`` to ``max_score``, ``weight`` to 1.
+``filters`` and ``scorers`` default to none, ``picker`` to ``max_score``, ``weight`` to 1,
+``shortlist`` (``routing.shortlist``) to none: every backend is scored.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from typing import Any
 from routing import cache_room, filters, pickers, scorers, session, ttft  # noqa: F401
 from routing.plugin import Filter, Picker, Scorer, check_number
 from routing.registry import make_filter, make_picker, make_scorer
+from routing.shortlist import Shortlist
 
-SECTIONS = ("filters", "scorers", "picker")
+SECTIONS = ("filters", "scorers", "picker", "shortlist")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +42,8 @@ class WeightedScorer:
 
 @dataclass(frozen=True, slots=True)
 class SchedulingProfile:
-    """What ``schedule()`` runs, in order: every filter, every scorer, then the picker.
+    """What ``schedule()`` runs, in order: every filter, every scorer, then the picker; over
+    the ``shortlist`` alone when it has one and the fleet is larger than its ``above``.
 
     Example::
 
@@ -51,6 +55,7 @@ class SchedulingProfile:
     filters: tuple[Filter, ...]
     scorers: tuple[WeightedScorer, ...]
     picker: Picker
+    shortlist: Shortlist | None = None
 
 
 def _type_and_settings(entry: object, where: str) -> tuple[str, dict[str, Any]]:
@@ -94,4 +99,7 @@ def build_profile(config: Mapping[str, Any], name: str = "custom") -> Scheduling
     picker_entry = config.get("picker") or {"type": "max_score"}
     type_name, settings = _type_and_settings(picker_entry, "picker")
     picker = make_picker(type_name, settings, "picker")
-    return SchedulingProfile(name, tuple(built_filters), tuple(built_scorers), picker)
+    shortlist_config = config.get("shortlist")
+    shortlist = None if shortlist_config is None else Shortlist.from_config(shortlist_config)
+    return SchedulingProfile(name, tuple(built_filters), tuple(built_scorers), picker,
+                             shortlist)

@@ -8,7 +8,9 @@
 - ``prefix_affinity`` (the default): the lowest estimated TTFT, the prefix cache's saving
   included, and a prompt no backend holds placed where it evicts the fewest reused prefixes;
 - ``prefix_affinity_no_room``: the same without that placement (``cache_room``), for
-  comparison.
+  comparison;
+- ``prefix_affinity_all``: ``prefix_affinity`` scoring every backend of a large fleet (no
+  ``shortlist``), for comparison.
 
 Every profile first keeps the backends that serve the model, are healthy and can hold the
 request (``model``, ``healthy``, ``resources``), and prefers fresh ones (``fresh``: a stale
@@ -38,6 +40,12 @@ similarly loaded backends the prompt goes where it evicts the least. Weight 2 wa
 ``bench.vsim`` at 35 % and 25 % KV (docs/benchmarks.md, "Cache room"); with ample KV every
 backend has room and it is neutral.
 
+**Shortlist** (``routing.shortlist``): over more than 16 backends, ``prefix_affinity`` scores
+the 4 deepest holders of the prompt's prefix and a random draw of 8, not every backend; a
+64-backend decision then costs about a third of scoring all 64 (docs/benchmarks.md, "Routing
+decision cost"), and the shortlist falls back to the whole fleet when none of it may take the
+request.
+
 Example::
 
     profile = profile_by_name("prefix_affinity")
@@ -57,6 +65,7 @@ _HARD: list[dict[str, Any]] = [{"type": "model"}, {"type": "healthy"}, {"type": 
                                {"type": "fresh"}]
 _NOT_SATURATED: dict[str, Any] = {"type": "not_saturated", "max_waiting": 64,
                                   "max_kv_usage": 0.98}
+_SHORTLIST: dict[str, Any] = {"above": 16, "holders": 4, "sampled": 8}
 
 PROFILES: Mapping[str, Mapping[str, Any]] = {
     "round_robin": {"filters": _HARD, "picker": {"type": "round_robin"}},
@@ -81,12 +90,20 @@ PROFILES: Mapping[str, Mapping[str, Any]] = {
         "scorers": [{"type": "ttft", "weight": 4}, {"type": "prefix", "weight": 1},
                     {"type": "queue", "weight": 1}, {"type": "cache_room", "weight": 2}],
         "picker": {"type": "max_score"},
+        "shortlist": _SHORTLIST,
+    },
+    "prefix_affinity_all": {  # every backend scored, however large the fleet: for comparison
+        "filters": [*_HARD, _NOT_SATURATED],
+        "scorers": [{"type": "ttft", "weight": 4}, {"type": "prefix", "weight": 1},
+                    {"type": "queue", "weight": 1}, {"type": "cache_room", "weight": 2}],
+        "picker": {"type": "max_score"},
     },
     "prefix_affinity_no_room": {
         "filters": [*_HARD, _NOT_SATURATED],
         "scorers": [{"type": "ttft", "weight": 4}, {"type": "prefix", "weight": 1},
                     {"type": "queue", "weight": 1}],
         "picker": {"type": "max_score"},
+        "shortlist": _SHORTLIST,
     },
 }
 

@@ -6,10 +6,14 @@ to the next-best backend. Each :class:`Ranked` carries its total, each scorer's 
 contribution (recorded here, by the framework, under the scorer's type name) and the prompt
 tokens the backend is expected to have cached. An empty list means no backend can take the
 request (wrong model, all unhealthy, too long for every backend). ``max_ranked`` cuts the
-list to the pick and its best retries, which saves building the rest.
+list to the pick and its best retries, which saves building the rest. A profile with a
+``shortlist`` (``routing.shortlist``) decides over a large fleet's prefix holders and a random
+sample, and over the whole fleet only when those cannot decide; the list then holds the
+shortlist's survivors.
 
 Pure and cheap: no I/O, no clock (``now_s`` is passed in), randomness only from ``rng``. Cost:
-O(backends * plugins + backends log backends); timing each plugin is the caller's business.
+O(backends * plugins + backends log backends), with backends the shortlist's size when it
+applies; timing each plugin is the caller's business.
 
 Example::
 
@@ -28,7 +32,7 @@ from random import Random
 
 from routing.plugin import Cycle
 from routing.profile import SchedulingProfile
-from routing.types import FleetSnapshot, Ranked, RouteRequest
+from routing.types import BackendState, FleetSnapshot, Ranked, RouteRequest
 
 
 def schedule(request: RouteRequest, snapshot: FleetSnapshot, profile: SchedulingProfile,
@@ -41,11 +45,14 @@ def schedule(request: RouteRequest, snapshot: FleetSnapshot, profile: Scheduling
     if max_ranked is not None and max_ranked < 1:
         raise ValueError(f"max_ranked must be >= 1 or None, got {max_ranked}")
     cycle = Cycle(request, snapshot, now_s)
-    candidates = list(snapshot.backends)
-    for plugin in profile.filters:
-        candidates = plugin.filter(cycle, candidates)
-        if not candidates:
-            return []
+    shortlist = profile.shortlist
+    candidates: list[BackendState] | None = None
+    if shortlist is not None and shortlist.applies(snapshot):
+        candidates = _filtered(profile, cycle, shortlist.candidates(snapshot, rng), strict=True)
+    if candidates is None:
+        candidates = _filtered(profile, cycle, list(snapshot.backends), strict=False)
+    if not candidates:
+        return []
     num_candidates = len(candidates)
     totals = [0.0] * num_candidates
     columns: list[tuple[str, list[float]]] = []
@@ -85,6 +92,22 @@ def schedule(request: RouteRequest, snapshot: FleetSnapshot, profile: Scheduling
             item, num_cached if num_cached < num_prompt_tokens else num_prompt_tokens)
         ranked.append(item)
     return ranked
+
+
+def _filtered(profile: SchedulingProfile, cycle: Cycle, candidates: list[BackendState], *,
+              strict: bool) -> list[BackendState] | None:
+    """The candidates every filter keeps. A soft filter that keeps nobody keeps them all; with
+    ``strict`` (a shortlist) that and a hard filter keeping nobody return None: undecided."""
+    for plugin in profile.filters:
+        kept = plugin.filter(cycle, candidates)
+        if not kept:
+            if strict:
+                return None
+            if not plugin.soft:
+                return kept
+            continue
+        candidates = kept
+    return candidates
 
 
 def _clamped_times(scores: list[float], weight: float) -> list[float]:

@@ -71,6 +71,8 @@ PROFILES: dict[str, tuple[str, str]] = {
     "power_of_two": ("power_of_two", "none"),
     "prefix_affinity": ("prefix_affinity", "exact"),
     "prefix_affinity_approx": ("prefix_affinity", "approx"),
+    "prefix_affinity_all": ("prefix_affinity_all", "exact"),
+    "prefix_affinity_all_approx": ("prefix_affinity_all", "approx"),
     "prefix_affinity_no_room": ("prefix_affinity_no_room", "exact"),
     "prefix_affinity_no_room_approx": ("prefix_affinity_no_room", "approx"),
 }

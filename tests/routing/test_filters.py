@@ -1,4 +1,5 @@
-"""Filters: hard ones drop every failing backend, soft ones never leave nobody."""
+"""Filters keep the backends that pass; which ones are soft (schedule() keeps everyone when a
+soft one passes nobody: tests/routing/test_scheduler.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ CASES = [
     pytest.param(FreshFilter(), [backend("a", age_s=9.0), backend("b", age_s=1.0)], request(),
                  ["b"], id="fresh-drops-stale"),
     pytest.param(FreshFilter(), [backend("a", age_s=9.0), backend("b", age_s=7.0)], request(),
-                 ["a", "b"], id="fresh-keeps-all-when-none-fresh"),
+                 [], id="fresh-none-fresh"),
     pytest.param(NotSaturatedFilter(max_waiting=4),
                  [backend("a", num_waiting=5), backend("b", num_waiting=4)], request(), ["b"],
                  id="saturated-by-queue"),
@@ -41,7 +42,7 @@ CASES = [
                  id="saturated-by-kv"),
     pytest.param(NotSaturatedFilter(max_waiting=4),
                  [backend("a", num_waiting=9), backend("b", num_waiting=8)], request(),
-                 ["a", "b"], id="all-saturated-keeps-all"),
+                 [], id="all-saturated"),
     pytest.param(NotSaturatedFilter(),
                  [backend("a", age_s=9.0), backend("b", num_waiting=10)], request(), ["b"],
                  id="stale-counts-as-saturated"),
@@ -66,6 +67,12 @@ def test_filter_keeps(plugin: Filter, backends: list[BackendState], req: RouteRe
     candidates = list(backends)
     assert names(plugin.filter(c, candidates)) == kept
     assert candidates == list(backends), "the input list is not changed"
+
+
+def test_only_the_load_filters_are_soft() -> None:
+    soft = {type(f).__name__ for f in (ModelFilter(), HealthyFilter(), FreshFilter(),
+                                       NotSaturatedFilter(), ResourcesFilter()) if f.soft}
+    assert soft == {"FreshFilter", "NotSaturatedFilter"}
 
 
 def test_fresh_filter_counts_the_snapshot_age() -> None:

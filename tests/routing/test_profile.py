@@ -54,7 +54,7 @@ def test_config_is_not_modified() -> None:
     ("config", "message"),
     [
         pytest.param({"filter": []}, r"^filter: unknown profile key; expected filters, "
-                     r"scorers, picker$", id="unknown-section"),
+                     r"scorers, picker, shortlist$", id="unknown-section"),
         pytest.param({"filters": {"type": "model"}}, r"^filters: expected a list",
                      id="section-not-a-list"),
         pytest.param({"filters": ["model"]}, r"^filters\[0\]: expected a mapping",
@@ -82,6 +82,18 @@ def test_config_is_not_modified() -> None:
         pytest.param({"picker": "max_score"}, r"^picker: expected a mapping",
                      id="picker-not-a-mapping"),
         pytest.param(["filters"], r"expected a mapping", id="config-not-a-mapping"),
+        pytest.param({"shortlist": 8}, r"^shortlist: expected a mapping",
+                     id="shortlist-not-a-mapping"),
+        pytest.param({"shortlist": {"above": 16, "sample": 8}},
+                     r"^shortlist\.sample: unknown setting; expected above, holders, sampled$",
+                     id="shortlist-unknown-setting"),
+        pytest.param({"shortlist": {"holders": -1}}, r"^shortlist\.holders must be >= 0",
+                     id="shortlist-negative"),
+        pytest.param({"shortlist": {"sampled": 2.5}},
+                     r"^shortlist\.sampled must be a whole number", id="shortlist-fraction"),
+        pytest.param({"shortlist": {"holders": 0, "sampled": 0}},
+                     r"^shortlist: holders \+ sampled must be at least 1",
+                     id="shortlist-empty"),
     ],
 )
 def test_errors_name_the_bad_key(config: Any, message: str) -> None:

@@ -9,7 +9,7 @@ from random import Random
 
 import pytest
 
-from routing.filters import HealthyFilter, ModelFilter
+from routing.filters import FreshFilter, HealthyFilter, ModelFilter, NotSaturatedFilter
 from routing.pickers import MaxScorePicker, RoundRobinPicker
 from routing.plugin import Cycle, Picker
 from routing.profile import SchedulingProfile, WeightedScorer, build_profile
@@ -156,3 +156,16 @@ def test_same_seed_same_decisions_and_the_snapshot_is_untouched() -> None:
 def test_a_picker_out_of_range_is_an_error() -> None:
     with pytest.raises(ValueError, match="picked 9 of 4 candidates"):
         run(profile_of(picker=PickIndex(9)))
+
+
+def test_a_soft_filter_passing_nobody_keeps_everyone_a_hard_one_nobody() -> None:
+    soft = SchedulingProfile("soft", (ModelFilter(), FreshFilter(),
+                                      NotSaturatedFilter(max_waiting=4)), (), MaxScorePicker())
+    stale = snapshot(backend("a", age_s=9.0), backend("b", age_s=8.0, num_waiting=9))
+    assert sorted(order(run(soft, stale))) == ["a", "b"]
+    # the soft filters still drop what fails them while someone passes
+    mixed = snapshot(backend("a", age_s=9.0), backend("b", num_waiting=9), backend("c"))
+    assert order(run(soft, mixed)) == ["c"]
+    hard = SchedulingProfile("hard", (ModelFilter(), HealthyFilter(), FreshFilter()), (),
+                             MaxScorePicker())
+    assert run(hard, snapshot(backend("a", is_healthy=False, age_s=9.0))) == []
