@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import inf
+from typing import Any
 
 from routing.types import BackendProfile, BackendState
 
@@ -45,15 +46,33 @@ class Backend:
     # Requests this gateway saw finish since the engine's figures were observed: the engine
     # has fewer running (or waiting) than it last said, by at least this many.
     num_finished_since_load: int = 0
+    # The last state() and the time it was taken for; any other field's change drops it.
+    _state: BackendState | None = field(default=None, init=False, repr=False)
+    _state_now_s: float = field(default=0.0, init=False, repr=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name != "_state" and name != "_state_now_s":
+            object.__setattr__(self, "_state", None)
 
     def state(self, now_s: float) -> BackendState:
-        """This backend as routing sees it at ``now_s`` (monotonic)."""
+        """This backend as routing sees it at ``now_s`` (monotonic).
+
+        The same object again while no field changed and ``now_s`` is the same, so a fleet
+        snapshot taken for one reference time (``gateway/router.py``) rebuilds only the
+        backends that changed. ``age_s`` is ``now_s`` less the time the load was observed: when
+        ``now_s`` is such a reference time and the load was observed after it, it is negative,
+        and ``routing`` (which adds the snapshot's own age, ``Cycle.stale_after_s``) still gets
+        the exact age."""
+        cached = self._state
+        if cached is not None and self._state_now_s == now_s:
+            return cached
         # Never observed: stale, so routing treats it as unknown, never as idle.
-        age_s = inf if self.load_observed_s is None else max(0.0, now_s - self.load_observed_s)
+        age_s = inf if self.load_observed_s is None else now_s - self.load_observed_s
         finished = self.num_finished_since_load
         num_running = max(0, self.num_running - finished)
         num_waiting = max(0, self.num_waiting - max(0, finished - self.num_running))
-        return BackendState(
+        state = BackendState(
             name=self.name, models=self.models, is_healthy=self.is_healthy, age_s=age_s,
             weight=self.weight, profile=self.profile, num_running=num_running,
             num_waiting=num_waiting, kv_usage=self.kv_usage,
@@ -62,6 +81,9 @@ class Backend:
             num_in_flight_prompt_tokens=self.num_in_flight_prompt_tokens,
             num_prefix_kv_blocks=self.num_prefix_kv_blocks, source=self.source,
         )
+        object.__setattr__(self, "_state", state)
+        object.__setattr__(self, "_state_now_s", now_s)
+        return state
 
     def mark_success(self) -> None:
         self.is_healthy = True

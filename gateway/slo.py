@@ -113,6 +113,7 @@ class SloAdmission:
                                                              plan.request.model))
         if decision.action == "admit":
             plan.snapshot = snapshot  # routing reuses it: no second snapshot
+            plan.snapshot_taken_s = now_s
             return
         if decision.action == "reject":
             self._reject_count(decision.reason)
@@ -133,7 +134,9 @@ class SloAdmission:
             self._waiters.pop(request_id, None)
             self.queue.remove(request_id)  # no-op once dispatched; the client may have left
         # Routing runs before the handler's next await and reuses this (the corrected figures).
-        plan.snapshot = self._snapshot(time.monotonic(), plan)
+        now_s = time.monotonic()
+        plan.snapshot = self._snapshot(now_s, plan)
+        plan.snapshot_taken_s = now_s
 
     def _snapshot(self, now_s: float, plan: RoutePlan | None = None) -> FleetSnapshot:
         """The fleet as routing sees it, less the streams seen ending after each heartbeat."""

@@ -46,7 +46,7 @@ def test_failures_take_a_backend_out_until_it_succeeds() -> None:
     [
         pytest.param(None, 10.0, float("inf"), id="never-observed-is-stale"),
         pytest.param(8.0, 10.0, 2.0, id="two-seconds-old"),
-        pytest.param(12.0, 10.0, 0.0, id="clock-skew-clamped"),
+        pytest.param(12.0, 10.0, -2.0, id="observed-after-a-reference-time-is-negative"),
     ],
 )
 def test_state_reports_the_age_of_the_load_figures(
@@ -57,3 +57,19 @@ def test_state_reports_the_age_of_the_load_figures(
     backend.num_waiting = 3
     state = backend.state(now_s)
     assert state.age_s == age_s and state.num_waiting == 3
+
+
+def test_state_is_rebuilt_only_when_a_figure_or_the_time_changes() -> None:
+    backend = _backend("a")
+    backend.load_observed_s = 9.0
+    first = backend.state(10.0)
+    assert backend.state(10.0) is first, "nothing changed: the same state"
+    backend.num_in_flight += 1
+    changed = backend.state(10.0)
+    assert changed is not first and changed.num_in_flight == 1
+    backend.mark_failure("refused")
+    assert not backend.state(10.0).is_healthy
+    later = backend.state(11.5)
+    assert later.age_s == 2.5 and not later.is_healthy
+    backend.load_observed_s = 11.0
+    assert backend.state(11.5).age_s == 0.5

@@ -1,0 +1,68 @@
+"""The gateway's fleet snapshots: taken for a reference time up to SNAPSHOT_REUSE_S old, each
+backend's state rebuilt only when it changed, and nothing routing sees is older or staler than
+with a snapshot taken at the request's own time."""
+
+from __future__ import annotations
+
+import random
+
+from backends.registry import Backend, BackendRegistry
+from gateway.router import SNAPSHOT_REUSE_S, RoutePlan, Router
+from routing import ApproxPrefixIndex, ExactPrefixIndex, profile_by_name, schedule
+from routing.plugin import Cycle
+from routing.types import RouteRequest
+
+MODEL = "m"
+
+
+def fleet(num_backends: int, observed_s: float) -> tuple[Router, list[Backend]]:
+    backends = [Backend(f"w{i}", f"http://127.0.0.1:{19000 + i}", frozenset({MODEL}),
+                        source="heartbeat") for i in range(num_backends)]
+    for b in backends:
+        b.load_observed_s = observed_s
+    router = Router(BackendRegistry(backends), profile_by_name("least_load"),
+                    ExactPrefixIndex(), ApproxPrefixIndex(), {})
+    return router, backends
+
+
+def request() -> RouteRequest:
+    return RouteRequest(model=MODEL, num_prompt_tokens=100)
+
+
+def test_unchanged_backends_keep_their_state_changed_ones_are_rebuilt() -> None:
+    router, backends = fleet(4, observed_s=99.0)
+    first = router.snapshot(request(), 100.0)
+    router.started(backends[2], RoutePlan(request(), reserved_tokens=200))
+    second = router.snapshot(request(), 100.0 + SNAPSHOT_REUSE_S / 2)
+    assert second.now_s == first.now_s == 100.0, "the same reference time"
+    assert [a is b for a, b in zip(first.backends, second.backends, strict=True)] == [
+        True, True, False, True]
+    assert second.backends[2].num_in_flight == 1, "the dispatch is seen at once"
+    # least_load now avoids w2 at once
+    ranked = schedule(request(), second, router.profile, 100.0 + SNAPSHOT_REUSE_S / 2,
+                      random.Random(0))
+    assert ranked[-1].backend == "w2"
+
+
+def test_a_new_reference_time_once_the_old_one_is_too_old() -> None:
+    router, _ = fleet(2, observed_s=99.0)
+    first = router.snapshot(request(), 100.0)
+    later = router.snapshot(request(), 100.0 + SNAPSHOT_REUSE_S * 1.5)
+    assert later.now_s == 100.0 + SNAPSHOT_REUSE_S * 1.5
+    assert later.backends[0] is not first.backends[0]
+    assert abs(later.backends[0].age_s - (first.backends[0].age_s + SNAPSHOT_REUSE_S * 1.5)) < 1e-9
+
+
+def test_staleness_is_judged_at_the_request_time_not_the_reference_time() -> None:
+    """A backend whose load turns 5 s old between the reference time and now is stale now;
+    one whose heartbeat came after the reference time is fresh, with its exact age."""
+    router, backends = fleet(2, observed_s=95.02)  # 4.98 s old at the reference time
+    router.snapshot(request(), 100.0)
+    now_s = 100.0 + SNAPSHOT_REUSE_S * 0.8  # 5.02 s old now
+    backends[1].load_observed_s = 100.01  # a heartbeat after the reference time
+    snapshot = router.snapshot(request(), now_s)
+    assert snapshot.now_s == 100.0
+    cycle = Cycle(request(), snapshot, now_s)
+    assert cycle.is_stale(snapshot.backends[0])
+    assert not cycle.is_stale(snapshot.backends[1])
+    assert abs(snapshot.backends[1].age_s + (now_s - snapshot.now_s) - (now_s - 100.01)) < 1e-9
