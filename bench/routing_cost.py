@@ -133,7 +133,9 @@ def measure(setup: Setup, profile_name: str | None, num_calls: int,
     ``profile_name=None`` times ``ExactPrefixIndex.match`` alone."""
     backends, requests, index = setup.backends, setup.requests, setup.index
     profile = profile_by_name(profile_name or "random")
-    base = FleetSnapshot(now_s=100.0, backends=backends)
+    # the gateway keeps the name -> index map per fleet membership (gateway/router.py)
+    base = FleetSnapshot(now_s=100.0, backends=backends,
+                         positions={b.name: i for i, b in enumerate(backends)})
     replace = dataclasses.replace
     clock = time.perf_counter_ns
     decide_rng = random.Random(seed + 1)

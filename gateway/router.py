@@ -105,6 +105,7 @@ class Router:
         self._rng = random.Random(seed)
         self._segments = _SegmentCache()
         self._reference_now_s = -1.0
+        self._positions_by_model: dict[str, tuple[int, dict[str, int]]] = {}
         # Called with each decision the approximate index learns (to share it with replicas).
         self.on_record: Callable[[tuple[int, ...], str, float], None] | None = None
 
@@ -173,8 +174,18 @@ class Router:
         return FleetSnapshot(
             now_s=reference_s, backends=tuple([b.state(reference_s) for b in pool]),
             prefix=self._match(request, now_s) if pool else PrefixMatch(),
-            max_age_s=self.max_age_s,
+            max_age_s=self.max_age_s, positions=self._positions(request.model, pool),
         )
+
+    def _positions(self, model: str, pool: list[Backend]) -> dict[str, int]:
+        """Each backend's index in ``pool`` by name, kept until the membership changes."""
+        version = self.registry.version
+        cached = self._positions_by_model.get(model)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        positions = {b.name: i for i, b in enumerate(pool)}
+        self._positions_by_model[model] = (version, positions)
+        return positions
 
     def fleet_snapshot(self, now_s: float) -> FleetSnapshot:
         """Every backend, no request: for the admission dispatcher's capacity check."""

@@ -20,9 +20,10 @@ shortlist cannot decide — a filter drops all of it, or a soft filter (``fresh`
 the decision is taken again over the whole snapshot, so a shortlist never sends a request to a
 stale or saturated backend that the full decision would have avoided.
 
-Cost: O(backends) C-level tuple work for the draw, one Python pass over the snapshot when some
-backend holds the prefix, O(h log h) when more than ``holders`` do; then the profile's cost
-over at most ``holders + sampled`` backends.
+Cost: O(sampled) for the draw; for the holders O(holders) with ``snapshot.positions`` (the
+gateway keeps it) or one pass over the snapshot without, plus O(h log h) when more than
+``holders`` backends hold the prefix; then the profile's cost over at most ``holders + sampled``
+backends.
 
 Example config (``routing.profiles``)::
 
@@ -77,28 +78,39 @@ class Shortlist:
         return len(snapshot.backends) > self.above
 
     def candidates(self, snapshot: FleetSnapshot, rng: Random) -> list[BackendState]:
-        """The deepest prefix holders (in snapshot order), then the sample (a random rotation
-        of every (n / sampled)-th backend: each backend is drawn with probability sampled / n)."""
+        """The deepest prefix holders and the sample, in snapshot order. The sample is a random
+        rotation of every (n / sampled)-th backend: each backend is drawn with probability
+        sampled / n, for one random number."""
         backends = snapshot.backends
         num_backends = len(backends)
+        if not num_backends:
+            return []
         num_sampled = min(self.sampled, num_backends)
         step = max(1, num_backends // num_sampled) if num_sampled else 1
-        start = rng.randrange(num_backends) if num_backends else 0
-        sampled = (backends[start:] + backends[:start])[::step][:num_sampled]
+        start = rng.randrange(num_backends)
+        chosen = {(start + i * step) % num_backends for i in range(num_sampled)}
         num_blocks = snapshot.prefix.num_blocks
-        if not num_blocks or not self.holders:
-            return list(sampled)
-        holders: Collection[str]
-        if len(num_blocks) <= self.holders:
-            holders = num_blocks.keys()
-        else:
-            # The deepest; among equals (a prefix many backends hold equally deep) nlargest
-            # keeps the first, so the scan starts at a random one of them, in name order
-            # (deterministic for a seeded rng, whatever the hash seed).
-            names = sorted(num_blocks)
-            start = rng.randrange(len(names))
-            holders = set(nlargest(self.holders, names[start:] + names[:start],
-                                   key=num_blocks.__getitem__))
-        shortlist = [b for b in backends if b.name in holders]
-        shortlist += [b for b in sampled if b.name not in holders]
-        return shortlist
+        if num_blocks and self.holders:
+            holders: Collection[str]
+            if len(num_blocks) <= self.holders:
+                holders = num_blocks.keys()
+            else:
+                # The deepest; among equals (a prefix many backends hold equally deep) nlargest
+                # keeps the first, so the scan starts at a random one of them, in name order
+                # (deterministic for a seeded rng, whatever the hash seed).
+                names = sorted(num_blocks)
+                first = rng.randrange(len(names))
+                holders = nlargest(self.holders, names[first:] + names[:first],
+                                   key=num_blocks.__getitem__)
+            positions = snapshot.positions
+            if positions is None:
+                held = set(holders)
+                chosen.update(i for i, b in enumerate(backends) if b.name in held)
+            else:
+                for name in holders:
+                    position = positions.get(name)
+                    # a stale mapping (or a departed backend) names no backend here
+                    if position is not None and position < num_backends \
+                            and backends[position].name == name:
+                        chosen.add(position)
+        return [backends[i] for i in sorted(chosen)]

@@ -82,6 +82,9 @@ class FleetSnapshot:
     backends: tuple[BackendState, ...]
     prefix: PrefixMatch = PrefixMatch()
     max_age_s: float = 5.0  # load older than this is stale: the backend is unknown, not idle
+    # Each backend's index in ``backends`` by name, when the caller keeps one (the gateway does,
+    # per fleet membership): lets a shortlist find the prefix holders without a pass over all.
+    positions: Mapping[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
