@@ -115,3 +115,22 @@ def test_a_shortlist_that_cannot_decide_widens_to_the_whole_fleet(
     assert ranked, why
     assert ranked[0].backend not in holders, why
     assert len(ranked) == 36, "every backend that passes was scored"
+
+
+def test_positions_find_the_same_holders_and_a_wrong_one_is_ignored() -> None:
+    matched = {"w03": 10, "w40": 200, "w41": 150, "w60": 180, "w07": 1, "w99": 300}
+    without = fleet(64, matched)
+    positions = {b.name: i for i, b in enumerate(without.backends)}
+    with_positions = replace(without, positions=positions)
+    shortlist = Shortlist()
+    for seed in range(20):
+        expected = names(shortlist.candidates(without, random.Random(seed)))
+        assert names(shortlist.candidates(with_positions, random.Random(seed))) == expected
+        assert "w99" not in expected, "a holder the snapshot does not have"
+    holders_only = Shortlist(holders=4, sampled=0)
+    assert sorted(names(holders_only.candidates(with_positions, random.Random(0)))) == [
+        "w03", "w40", "w41", "w60"]
+    # w40 -> w41's index (a different backend there), w41 -> past the end: both ignored
+    wrong = replace(without, positions={**positions, "w40": positions["w41"],
+                                        "w41": len(positions) + 5})
+    assert sorted(names(holders_only.candidates(wrong, random.Random(0)))) == ["w03", "w60"]
