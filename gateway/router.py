@@ -259,7 +259,7 @@ def _with_free_slots(snapshot: FleetSnapshot) -> FleetSnapshot:
                   or free > 0)
     if not roomy or len(roomy) == len(backends):
         return snapshot
-    return replace(snapshot, backends=roomy)
+    return replace(snapshot, backends=roomy, positions=None)
 
 
 def _prompt_text(body: dict[str, Any]) -> str:

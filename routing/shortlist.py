@@ -102,15 +102,28 @@ class Shortlist:
                 first = rng.randrange(len(names))
                 holders = nlargest(self.holders, names[first:] + names[:first],
                                    key=num_blocks.__getitem__)
-            positions = snapshot.positions
-            if positions is None:
+            if not self._add_positions(snapshot, holders, chosen):
                 held = set(holders)
                 chosen.update(i for i, b in enumerate(backends) if b.name in held)
-            else:
-                for name in holders:
-                    position = positions.get(name)
-                    # a stale mapping (or a departed backend) names no backend here
-                    if position is not None and position < num_backends \
-                            and backends[position].name == name:
-                        chosen.add(position)
         return [backends[i] for i in sorted(chosen)]
+
+    @staticmethod
+    def _add_positions(snapshot: FleetSnapshot, holders: Collection[str],
+                       chosen: set[int]) -> bool:
+        """Add the holders' indices from ``snapshot.positions``; False when there is none or
+        it does not fit the snapshot (then the caller scans). A name it lacks is a backend the
+        snapshot does not have (departed, or serving another model)."""
+        positions = snapshot.positions
+        if positions is None:
+            return False
+        backends = snapshot.backends
+        found = []
+        for name in holders:
+            position = positions.get(name)
+            if position is None:
+                continue
+            if position >= len(backends) or backends[position].name != name:
+                return False
+            found.append(position)
+        chosen.update(found)
+        return True

@@ -117,7 +117,7 @@ def test_a_shortlist_that_cannot_decide_widens_to_the_whole_fleet(
     assert len(ranked) == 36, "every backend that passes was scored"
 
 
-def test_positions_find_the_same_holders_and_a_wrong_one_is_ignored() -> None:
+def test_positions_find_the_same_holders_and_a_wrong_mapping_is_not_trusted() -> None:
     matched = {"w03": 10, "w40": 200, "w41": 150, "w60": 180, "w07": 1, "w99": 300}
     without = fleet(64, matched)
     positions = {b.name: i for i, b in enumerate(without.backends)}
@@ -131,7 +131,11 @@ def test_positions_find_the_same_holders_and_a_wrong_one_is_ignored() -> None:
     # the four deepest are w99 (not in this snapshot), w40, w60, w41
     assert sorted(names(holders_only.candidates(with_positions, random.Random(0)))) == [
         "w40", "w41", "w60"]
-    # w40 -> w41's index (a different backend there), w41 -> past the end: both ignored
+    # a mapping that does not fit the snapshot (w40 -> w41's index, w41 -> past the end, or a
+    # snapshot cut down without updating it) is not trusted: the holders are found by a scan
     wrong = replace(without, positions={**positions, "w40": positions["w41"],
                                         "w41": len(positions) + 5})
-    assert names(holders_only.candidates(wrong, random.Random(0))) == ["w60"]
+    assert sorted(names(holders_only.candidates(wrong, random.Random(0)))) == [
+        "w40", "w41", "w60"]
+    cut = replace(with_positions, backends=with_positions.backends[1::2])  # odd ones only
+    assert sorted(names(holders_only.candidates(cut, random.Random(0)))) == ["w41"]
