@@ -16,6 +16,7 @@ Example config::
       - {type: fresh}
       - {type: resources}
       - {type: not_saturated, max_waiting: 64, max_kv_usage: 0.98}
+      - {type: balanced, max_ratio: 2, max_excess: 32}
 """
 
 from __future__ import annotations
@@ -84,6 +85,37 @@ class NotSaturatedFilter:
         return [b for b in candidates
                 if b.age_s <= stale_after_s and b.num_waiting <= max_waiting
                 and b.kv_usage <= max_kv_usage]
+
+
+@register_filter("balanced")
+class BalancedFilter:
+    """Drops backends far busier than the least busy candidate, unless that drops them all
+    (soft): ``load > max_ratio * least`` and ``load > least + max_excess``, with ``load`` the
+    engine's waiting requests plus this gateway's in-flight ones (as the ``queue`` scorer).
+
+    The TTFT estimate (``routing.ttft``) sees a holder's prefill backlog, not its decode
+    batch: cache hits add almost no backlog, so a hot prefix's holders keep winning however
+    many requests they run, and the set of holders stays whatever it was when the prefix got
+    hot. This guard (sglang's cache-aware router has the same pair of thresholds) sends the
+    request elsewhere once a holder runs both ``max_ratio`` times and ``max_excess`` more than
+    the least loaded; the prefix then spreads to the backend that gets it. A stale backend's
+    waiting count is unknown; it counts its in-flight requests only (``fresh`` prefers fresh
+    ones anyway).
+    """
+
+    soft: ClassVar[bool] = True
+
+    def __init__(self, max_ratio: float = 2.0, max_excess: float = 32) -> None:
+        self.max_ratio = check_number("max_ratio", max_ratio, minimum=1)
+        self.max_excess = check_number("max_excess", max_excess, minimum=0)
+
+    def filter(self, cycle: Cycle, candidates: list[BackendState]) -> list[BackendState]:
+        stale_after_s = cycle.stale_after_s
+        loads = [b.num_in_flight + (b.num_waiting if b.age_s <= stale_after_s else 0)
+                 for b in candidates]
+        least = min(loads, default=0)
+        limit = max(self.max_ratio * least, least + self.max_excess)
+        return [b for b, load in zip(candidates, loads, strict=True) if load <= limit]
 
 
 @register_filter("resources")

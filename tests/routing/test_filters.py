@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from routing.filters import (
+    BalancedFilter,
     FreshFilter,
     HealthyFilter,
     ModelFilter,
@@ -57,6 +58,17 @@ CASES = [
     pytest.param(ResourcesFilter(),
                  [backend("a", profile=profile(max_context_tokens=10))], request(1000), [],
                  id="nobody-fits"),
+    pytest.param(BalancedFilter(max_ratio=2, max_excess=16),
+                 [backend("a", num_in_flight=4), backend("b", num_in_flight=20),
+                  backend("c", num_in_flight=21), backend("d", num_in_flight=10, num_waiting=11)],
+                 request(), ["a", "b"], id="balanced-drops-twice-and-16-over-least"),
+    pytest.param(BalancedFilter(max_ratio=2, max_excess=16),
+                 [backend("a", num_in_flight=30), backend("b", num_in_flight=60)], request(),
+                 ["a", "b"], id="balanced-ratio-alone-keeps"),
+    pytest.param(BalancedFilter(max_ratio=2, max_excess=16),
+                 [backend("a", num_in_flight=1), backend("b", num_in_flight=9, num_waiting=30,
+                                                         age_s=9.0)],
+                 request(), ["a", "b"], id="balanced-stale-waiting-unknown"),
 ]
 
 
@@ -71,8 +83,9 @@ def test_filter_keeps(plugin: Filter, backends: list[BackendState], req: RouteRe
 
 def test_only_the_load_filters_are_soft() -> None:
     soft = {type(f).__name__ for f in (ModelFilter(), HealthyFilter(), FreshFilter(),
-                                       NotSaturatedFilter(), ResourcesFilter()) if f.soft}
-    assert soft == {"FreshFilter", "NotSaturatedFilter"}
+                                       NotSaturatedFilter(), ResourcesFilter(),
+                                       BalancedFilter()) if f.soft}
+    assert soft == {"FreshFilter", "NotSaturatedFilter", "BalancedFilter"}
 
 
 def test_fresh_filter_counts_the_snapshot_age() -> None:

@@ -144,6 +144,22 @@ def test_prefix_affinity_weighs_the_cache_against_the_queue(holder_backlog_token
 
 
 @pytest.mark.parametrize(
+    ("holder_in_flight", "expected"),
+    [
+        pytest.param(30, "holder", id="busy-holder-keeps-its-prefix"),
+        pytest.param(40, "other", id="holder-twice-and-32-over-the-least-is-left-out"),
+    ],
+)
+def test_a_holder_far_busier_than_the_rest_is_left_out(holder_in_flight: int,
+                                                       expected: str) -> None:
+    """Cache hits add almost no prefill backlog, so only the balance guard stops a hot
+    prefix's holder from taking every request however many it already runs."""
+    snap = snapshot(backend("holder", num_in_flight=holder_in_flight),
+                    backend("other", num_in_flight=5), matched={"holder": SHARED_BLOCKS})
+    assert decide("prefix_affinity", snap, hot_request())[0].backend == expected
+
+
+@pytest.mark.parametrize(
     ("name", "expected"),
     [
         pytest.param("prefix_affinity", {"roomy"}, id="default-places-by-room"),
