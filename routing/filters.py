@@ -2,11 +2,12 @@
 
 Hard filters (``model``, ``healthy``, ``resources``) drop every backend that fails them, even
 the last one: sending there would fail anyway. Soft filters (``fresh``, ``not_saturated``,
-``soft = True``) prefer better backends but never leave the request with nowhere to go: when
-nobody passes, ``schedule()`` keeps every candidate and the load scorers (``routing.scorers``)
-rate the stale or saturated ones as loaded. Every filter returns only the backends that pass
-(the fallback is the scheduler's, so a shortlist can tell "none of these" from "none at all",
-``routing.shortlist``). Each is one pass over the candidates, O(backends).
+``balanced``; ``soft = True``) prefer better backends but never leave the request with nowhere
+to go: when nobody passes, ``schedule()`` keeps every candidate and the load scorers
+(``routing.scorers``) rate the stale or saturated ones as loaded. Every filter returns only
+the backends that pass (the fallback is the scheduler's, so a shortlist can tell "none of
+these" from "none at all", ``routing.shortlist``). Each is one pass over the candidates,
+O(backends).
 
 Example config::
 
