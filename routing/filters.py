@@ -116,6 +116,8 @@ class BalancedFilter:
                  for b in candidates]
         least = min(loads, default=0)
         limit = max(self.max_ratio * least, least + self.max_excess)
+        if max(loads, default=0) <= limit:  # the common case: nobody is far busier
+            return list(candidates)
         return [b for b, load in zip(candidates, loads, strict=True) if load <= limit]
 
 
