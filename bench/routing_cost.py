@@ -32,7 +32,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from backends.registry import Backend, BackendRegistry
@@ -137,26 +137,16 @@ def measure(setup: Setup, profile_name: str | None, num_calls: int,
     base = FleetSnapshot(now_s=100.0, backends=backends,
                          positions={b.name: i for i, b in enumerate(backends)})
     replace = dataclasses.replace
-    clock = time.perf_counter_ns
     decide_rng = random.Random(seed + 1)
-    samples: list[float] = []
-    num_warmup = num_calls // 10
-    for call in range(num_warmup + num_calls):
-        if call == num_warmup:
-            samples.clear()
-            cpu_start_ns, wall_start_ns = time.process_time_ns(), clock()
-            busy_start_s = busy_cpu_seconds()
+
+    def decide(call: int) -> None:
         request = requests[call % NUM_REQUESTS]
-        start = clock()
         match = index.match(request.block_hashes)
         if profile_name is not None:
             snapshot = replace(base, prefix=match)
             schedule(request, snapshot, profile, 100.0, decide_rng, max_ranked=max_ranked)
-        samples.append((clock() - start) / 1000.0)
-    cpu_s = (time.process_time_ns() - cpu_start_ns) / 1e9
-    wall_s = (clock() - wall_start_ns) / 1e9
-    others_s = busy_cpu_seconds() - busy_start_s - cpu_s
-    return Round(samples, cpu_s * 1e6 / num_calls, max(0.0, others_s / wall_s))
+
+    return _timed(num_calls, decide)
 
 
 def _registry(backends: Sequence[BackendState]) -> BackendRegistry:
@@ -187,6 +177,25 @@ def measure_gateway(setup: Setup, profile_name: str, num_calls: int,
         record.load_observed_s = now_s - state.age_s
     plans = [RoutePlan(request, request.num_prompt_tokens + 256) for request in setup.requests]
     records = registry.backends
+
+    def prepare(call: int) -> None:
+        plan = plans[call % NUM_REQUESTS]
+        plan.snapshot = None
+        # one request dispatched and one finished since the last decision
+        other = records[(call * 7) % NUM_BACKENDS]
+        router.started(other, plan)
+        router.finished(other, plan, had_first_token=False)
+
+    def decide(call: int) -> None:
+        router.rank(plans[call % NUM_REQUESTS], max_ranked=max_ranked)
+
+    return _timed(num_calls, decide, prepare)
+
+
+def _timed(num_calls: int, decide: Callable[[int], None],
+           prepare: Callable[[int], None] | None = None) -> Round:
+    """``decide(call)`` timed per call after ``num_calls // 10`` untimed warm-up calls;
+    ``prepare(call)`` runs before each, untimed."""
     clock = time.perf_counter_ns
     samples: list[float] = []
     num_warmup = num_calls // 10
@@ -195,14 +204,10 @@ def measure_gateway(setup: Setup, profile_name: str, num_calls: int,
             samples.clear()
             cpu_start_ns, wall_start_ns = time.process_time_ns(), clock()
             busy_start_s = busy_cpu_seconds()
-        plan = plans[call % NUM_REQUESTS]
-        plan.snapshot = None
-        # one request dispatched and one finished since the last decision
-        other = records[(call * 7) % NUM_BACKENDS]
-        router.started(other, plan)
-        router.finished(other, plan, had_first_token=False)
+        if prepare is not None:
+            prepare(call)
         start = clock()
-        router.rank(plan, max_ranked=max_ranked)
+        decide(call)
         samples.append((clock() - start) / 1000.0)
     cpu_s = (time.process_time_ns() - cpu_start_ns) / 1e9
     wall_s = (clock() - wall_start_ns) / 1e9
