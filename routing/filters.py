@@ -97,11 +97,11 @@ class BalancedFilter:
     The TTFT estimate (``routing.ttft``) sees a holder's prefill backlog, not its decode
     batch: cache hits add almost no backlog, so a hot prefix's holders keep winning however
     many requests they run, and the set of holders stays whatever it was when the prefix got
-    hot. This guard (sglang's cache-aware router has the same pair of thresholds) sends the
-    request elsewhere once a holder runs both ``max_ratio`` times and ``max_excess`` more than
-    the least loaded; the prefix then spreads to the backend that gets it. A stale backend's
-    waiting count is unknown; it counts its in-flight requests only (``fresh`` prefers fresh
-    ones anyway).
+    hot. This guard sends the request elsewhere once a holder runs both ``max_ratio`` times
+    and ``max_excess`` more than the least loaded; the prefix then spreads to the backend that
+    gets it. (sglang's cache-aware router has the same kind, with 64 more and 1.5 times as its
+    defaults, which ANCHORS.md saw never fire.) A stale backend's waiting count is unknown; it
+    counts its in-flight requests only (``fresh`` prefers fresh ones anyway).
     """
 
     soft: ClassVar[bool] = True
