@@ -9,10 +9,19 @@ For each sample ``(x, y)`` with forgetting factor ``lam`` (0 < lam <= 1)::
 
 This minimises ``sum_i lam^(n-i) (y_i - theta . x_i)^2`` plus the prior's weight
 (``P0^-1``): an exponentially weighted linear regression whose memory is about
-``1 / (1 - lam)`` samples. Two guards keep it sane online: ``P``'s trace is capped at its
-initial trace (forgetting with poorly varied inputs would otherwise blow it up: "windup"), and
-``theta`` is projected onto ``theta >= lower`` (costs are never negative). O(d^2) per sample
-for ``d`` features, plain Python (d is 3 here).
+``1 / (1 - lam)`` samples.
+
+Numerics: the covariance is kept as a square root ``S`` (``P = S S'``) and updated in Potter's
+form (``S = (S - g a (S phi) phi') / sqrt(lam)`` with ``phi = S' x``, ``a = 1 / (lam + phi'
+phi)``, ``g = 1 / (1 + sqrt(a lam))``), so ``P`` is symmetric and positive semi-definite by
+construction whatever the rounding. The textbook update of ``P`` itself is not: with
+forgetting, every update multiplies the rounding error by ``1 / lam``, ``P`` loses its
+positive definiteness after a few thousand samples of widely varying inputs, and the fit runs
+away (errors of 1e6 and more). Two more guards keep it sane online: ``P``'s trace is capped at
+its initial trace (forgetting with poorly varied inputs would otherwise blow it up: "windup"),
+and ``theta`` is projected onto ``theta >= lower`` (costs are never negative); a fit that still
+turned non-finite (an absurd sample) restarts from the prior. O(d^2) per sample for ``d``
+features, plain Python (d is 3 here).
 
 Example::
 
@@ -24,23 +33,36 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 
 class Rls:
     """One linear model ``y = theta . x`` fitted online."""
 
-    __slots__ = ("_max_trace", "lower", "p", "theta")
+    __slots__ = ("_max_trace", "_prior_s", "_prior_theta", "lower", "s", "theta")
 
     def __init__(self, theta: Sequence[float], prior_variance: Sequence[float],
                  lower: Sequence[float] | None = None) -> None:
         if len(theta) != len(prior_variance):
             raise ValueError("theta and prior_variance need the same length")
+        if not all(math.isfinite(v) and v > 0 for v in prior_variance):
+            raise ValueError(f"prior variances must be finite and > 0, got {prior_variance}")
         n = len(theta)
         self.theta = list(theta)
-        self.p = [[prior_variance[i] if i == j else 0.0 for j in range(n)] for i in range(n)]
+        self._prior_theta = tuple(theta)
+        self._prior_s = tuple(math.sqrt(v) for v in prior_variance)
+        self.s = [[self._prior_s[i] if i == j else 0.0 for j in range(n)] for i in range(n)]
         self.lower = list(lower) if lower is not None else [float("-inf")] * n
         self._max_trace = sum(prior_variance)
+
+    @property
+    def p(self) -> list[list[float]]:
+        """The covariance ``S S'`` (symmetric, positive semi-definite)."""
+        s = self.s
+        n = len(s)
+        return [[math.fsum(s[i][k] * s[j][k] for k in range(n)) for j in range(n)]
+                for i in range(n)]
 
     def predict(self, x: Sequence[float]) -> float:
         theta = self.theta
@@ -50,23 +72,67 @@ class Rls:
 
     def update(self, x: Sequence[float], y: float, lam: float) -> float:
         """Fit one sample; returns the a-priori error ``y - predict(x)``."""
-        theta, p = self.theta, self.p
+        theta, s = self.theta, self.s
         n = len(theta)
+        if n == 3 == len(x):  # the TTFT model's size, once per observed first token
+            return self._update3(x, y, lam)
         error = y - self.predict(x)
-        px = [sum(p[i][j] * x[j] for j in range(n)) for i in range(n)]
-        denominator = lam + sum(x[i] * px[i] for i in range(n))
-        gain = [v / denominator for v in px]
+        phi = [sum(s[i][j] * x[i] for i in range(n)) for j in range(n)]  # S' x
+        p_x = [sum(row[j] * phi[j] for j in range(n)) for row in s]  # S phi = P x
+        alpha = 1.0 / (lam + sum(v * v for v in phi))
+        gamma = 1.0 / (1.0 + math.sqrt(alpha * lam))
+        inv_sqrt_lam = 1.0 / math.sqrt(lam)
+        lower = self.lower
+        trace = 0.0
         for i in range(n):
-            theta[i] = max(self.lower[i], theta[i] + gain[i] * error)
-            row = p[i]
+            theta[i] = max(lower[i], theta[i] + alpha * p_x[i] * error)
+            row = s[i]
+            c = gamma * alpha * p_x[i]
             for j in range(n):
-                # P symmetric, so x' P = (P x)'
-                row[j] = (row[j] - gain[i] * px[j]) / lam
-        trace = sum(p[i][i] for i in range(n))
-        if trace > self._max_trace:
-            scale = self._max_trace / trace
-            for row in p:
-                for j in range(n):
-                    row[j] *= scale
+                v = (row[j] - c * phi[j]) * inv_sqrt_lam
+                row[j] = v
+                trace += v * v
+        self._bound(trace)
         return error
 
+    def _update3(self, x: Sequence[float], y: float, lam: float) -> float:
+        """``update`` for d = 3, unrolled (3x faster in CPython)."""
+        theta, s, lower = self.theta, self.s, self.lower
+        x0, x1, x2 = x
+        t0, t1, t2 = theta
+        error = y - (t0 * x0 + t1 * x1 + t2 * x2)
+        r0, r1, r2 = s
+        phi0 = r0[0] * x0 + r1[0] * x1 + r2[0] * x2
+        phi1 = r0[1] * x0 + r1[1] * x1 + r2[1] * x2
+        phi2 = r0[2] * x0 + r1[2] * x1 + r2[2] * x2
+        alpha = 1.0 / (lam + phi0 * phi0 + phi1 * phi1 + phi2 * phi2)
+        gamma = 1.0 / (1.0 + math.sqrt(alpha * lam))
+        inv_sqrt_lam = 1.0 / math.sqrt(lam)
+        trace = 0.0
+        for i, row in enumerate(s):
+            p_x = row[0] * phi0 + row[1] * phi1 + row[2] * phi2
+            theta[i] = max(lower[i], theta[i] + alpha * p_x * error)
+            c = gamma * alpha * p_x
+            v0 = (row[0] - c * phi0) * inv_sqrt_lam
+            v1 = (row[1] - c * phi1) * inv_sqrt_lam
+            v2 = (row[2] - c * phi2) * inv_sqrt_lam
+            row[0], row[1], row[2] = v0, v1, v2
+            trace += v0 * v0 + v1 * v1 + v2 * v2
+        self._bound(trace)
+        return error
+
+    def _bound(self, trace: float) -> None:
+        """The trace cap, and a restart from the prior if the fit turned non-finite."""
+        if not (math.isfinite(trace) and math.isfinite(sum(self.theta))):
+            self.reset()
+        elif trace > self._max_trace:
+            scale = math.sqrt(self._max_trace / trace)
+            for row in self.s:
+                for j in range(len(row)):
+                    row[j] *= scale
+
+    def reset(self) -> None:
+        """Back to the prior: the starting fit and covariance."""
+        n = len(self.theta)
+        self.theta = list(self._prior_theta)
+        self.s = [[self._prior_s[i] if i == j else 0.0 for j in range(n)] for i in range(n)]
