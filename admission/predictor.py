@@ -191,9 +191,12 @@ class TtftPredictor:
         """A new backend's starting fit: the fleet's, with its advertised prefill speed."""
         base, per_ktoken, per_running_steps = self._fleet.theta
         if isinstance(backend, BackendState):
-            advertised = backend.profile.prefill_tokens_per_s
+            profile = backend.profile
+            advertised = profile.prefill_tokens_per_s
             if advertised is not None and advertised > 0:
                 per_ktoken = _TOKEN_SCALE / advertised
+            elif profile.relative_speed != 1.0:
+                per_ktoken /= profile.relative_speed
         return base, per_ktoken, per_running_steps
 
     def _new_model(self, theta: tuple[float, float, float]) -> Rls:

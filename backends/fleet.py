@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -28,6 +29,15 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from backends.profiles import (
+    ProfileFacts,
+    heartbeat_facts,
+    merge,
+    parse_llamacpp_props,
+    parse_openai_models,
+    parse_sglang_server_info,
+    parse_vllm_cache_config,
+)
 from backends.publisher import (
     WORKERS_ZSET,
     kv_snapshot_key,
@@ -40,10 +50,22 @@ from routing.index_exact import ExactPrefixIndex
 from routing.types import BackendProfile
 
 log = logging.getLogger(__name__)
+_UNREACHABLE = object()  # a page fetch that got no answer at all
+_MAX_PAGE_BYTES = 4 << 20
 
-_RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
-_WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
-_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+# vLLM, SGLang, llama.cpp (llama-server --metrics) and TGI names for the same three figures.
+_RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs",
+            "llamacpp:requests_processing", "tgi_batch_current_size")
+_WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred",
+            "tgi_queue_size")
+_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
+             "llamacpp:kv_cache_usage_ratio")
+# Pages that state an engine's profile, each with its parser (backends.profiles).
+_PROFILE_PAGES: tuple[tuple[str, Callable[[Any], ProfileFacts]], ...] = (
+    ("/v1/models", parse_openai_models),
+    ("/get_server_info", parse_sglang_server_info),
+    ("/props", parse_llamacpp_props),
+)
 
 
 KvIndex = ExactPrefixIndex
@@ -65,18 +87,9 @@ def parse_engine_metrics(text: str) -> dict[str, float]:
 
 
 def profile_from_heartbeat(doc: dict[str, Any]) -> BackendProfile:
-    profile = doc.get("profile") or {}
-    def number(key: str) -> Any:
-        value = profile.get(key)
-        return value if isinstance(value, int | float) and not isinstance(value, bool) else None
-    return BackendProfile(
-        device=str(profile.get("device", "unknown")),
-        num_kv_blocks=number("num_kv_blocks"),
-        block_size=number("block_size"),
-        max_batch=number("max_batch"),
-        max_context_tokens=number("max_context_tokens"),
-        prefill_tokens_per_s=number("prefill_tokens_per_s"),
-    )
+    """The profile a heartbeat advertises, alone (``Backend.learn_profile`` merges it)."""
+    profile = doc.get("profile")
+    return merge([heartbeat_facts(profile if isinstance(profile, dict) else {})])[0]
 
 
 class FleetSync:
@@ -89,8 +102,12 @@ class FleetSync:
         index: KvIndex | None = None,
         poll_interval_s: float = 0.25,
         scrape_interval_s: float = 1.0,
+        discover_interval_s: float = 30.0,
+        discover_workers: bool = True,
         on_change: Any = None,
     ) -> None:
+        self._discover_interval_s = discover_interval_s
+        self._discover_workers = discover_workers
         self._registry = registry
         self._redis = redis
         self._session = session
@@ -104,12 +121,21 @@ class FleetSync:
         self._load_ts_ms: dict[str, float] = {}  # backend name -> when its load figures were made
         self._streams_changed = asyncio.Event()
 
+    async def first_look(self) -> None:
+        """One scrape and one profile discovery of the listed engines, never failing."""
+        with contextlib.suppress(OSError, aiohttp.ClientError):
+            await self.scrape_metrics()
+            await self.discover_profiles()
+
     def start(self) -> list[asyncio.Task[None]]:
+        members = ([asyncio.create_task(self._forever(self.poll_members, self._poll_interval_s),
+                                        name="fleet-members")] if self._discover_workers else [])
         return [
-            asyncio.create_task(self._forever(self.poll_members, self._poll_interval_s),
-                                name="fleet-members"),
+            *members,
             asyncio.create_task(self._forever(self.scrape_metrics, self._scrape_interval_s),
                                 name="fleet-metrics"),
+            asyncio.create_task(self._forever(self.discover_profiles, self._discover_interval_s),
+                                name="fleet-profiles"),
             asyncio.create_task(self.consume_kv_events(), name="fleet-kv-events"),
         ]
 
@@ -164,7 +190,9 @@ class FleetSync:
             self._streams_changed.set()
         self._epochs[backend.name] = str(doc.get("epoch"))
         self._worker_ids[backend.name] = str(doc["id"])
-        backend.profile = profile_from_heartbeat(doc)
+        profile = doc.get("profile")
+        backend.learn_profile(heartbeat_facts(profile if isinstance(profile, dict) else {}))
+        backend.load_source = "heartbeat"
         load = doc.get("load") or {}
         backend.num_running = int(load.get("num_running", 0))
         backend.num_waiting = int(load.get("num_waiting", 0))
@@ -199,22 +227,66 @@ class FleetSync:
         await asyncio.gather(*(self._scrape(b) for b in targets))
 
     async def _scrape(self, backend: Backend) -> None:
-        try:
-            async with self._session.get(backend.url + "/metrics",
-                                         timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
-                if resp.status != 200:
-                    return
-                text = await resp.text()
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return
-        totals = parse_engine_metrics(text)
+        text = await self._get(backend, "/metrics", as_json=False)
+        if text is _UNREACHABLE:
+            return  # load unknown: the figures age and routing treats it as stale
+        totals = parse_engine_metrics(text) if isinstance(text, str) else {}
+        if isinstance(text, str) and backend.discover_profile:
+            cache_config = parse_vllm_cache_config(text)
+            if cache_config.values:
+                backend.learn_profile(cache_config)
         if not totals:
+            # It answers but exposes no load figures (llama.cpp without --metrics, TGI's
+            # other names, any OpenAI-compatible server): the gateway's books are its load.
+            if backend.load_source != "books":
+                log.info("backend %s exposes no load metrics on /metrics: its load is what "
+                         "this gateway sent it", backend.name)
+            backend.load_source = "books"
             return
+        backend.load_source = "metrics"
         backend.num_running = int(totals.get("running", 0))
         backend.num_waiting = int(totals.get("waiting", 0))
         backend.kv_usage = min(1.0, max(0.0, totals.get("kv", 0.0)))
         backend.load_observed_s = time.monotonic()
         backend.num_finished_since_load = 0
+
+    # -- profiles of engines switchyard did not start -----------------------------------
+    async def discover_profiles(self) -> None:
+        """Read each listed engine's profile pages (the fields the configuration leaves out)."""
+        targets = [b for b in self._registry.backends if b.source == "config"
+                   and b.discover_profile and b.name not in self._epochs and b.is_healthy]
+        await asyncio.gather(*(self.discover_profile(b) for b in targets))
+
+    async def discover_profile(self, backend: Backend) -> None:
+        for path, parse in _PROFILE_PAGES:
+            doc = await self._get(backend, path, as_json=True)
+            if doc is _UNREACHABLE:
+                return
+            if doc is not None:
+                learned = parse(doc)
+                if learned.values:
+                    backend.learn_profile(learned)
+
+    async def _get(self, backend: Backend, path: str, *, as_json: bool) -> Any:
+        """The page's text (or JSON), None when the engine answers without it, or
+        ``_UNREACHABLE`` when it does not answer."""
+        headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else None
+        try:
+            async with self._session.get(backend.url + path, headers=headers,
+                                         timeout=aiohttp.ClientTimeout(total=1.0)) as resp:
+                if resp.status != 200:
+                    return None
+                raw = await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return _UNREACHABLE
+        if len(raw) > _MAX_PAGE_BYTES:
+            return None
+        if not as_json:
+            return raw.decode("utf-8", "replace")
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
 
     # -- KV events into the exact index --------------------------------------------------
     async def consume_kv_events(self) -> None:

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from math import inf
 from typing import Any
 
+from backends.profiles import ProfileFacts, merge
 from routing.types import BackendProfile, BackendState
+
+# Where a backend's load figures come from: its heartbeat, its scraped /metrics, or (an engine
+# that exposes neither) this gateway's own books: what it sent and has not seen finish, which
+# is the engine's whole load when this gateway is its only client, and is always current.
+LOAD_SOURCES = ("heartbeat", "metrics", "books")
 
 
 @dataclass(eq=False, slots=True)
@@ -31,6 +37,13 @@ class Backend:
     last_error: str = ""
     source: str = "config"  # "config" (listed, health-probed) or "heartbeat" (joined via Redis)
     profile: BackendProfile = field(default_factory=BackendProfile)
+    # What the configuration states of the profile, what each source told (heartbeat, the
+    # engine's pages), and which source each field of ``profile`` came from.
+    stated_profile: ProfileFacts = field(default_factory=lambda: ProfileFacts("config"))
+    discover_profile: bool = True
+    learned_profiles: dict[str, ProfileFacts] = field(default_factory=dict)
+    profile_sources: dict[str, str] = field(default_factory=dict)
+    load_source: str | None = None  # one of LOAD_SOURCES; None until first observed
     # Load, from the worker's heartbeat or its scraped /metrics, observed at load_observed_s
     # (monotonic clock); None until first observed.
     load_observed_s: float | None = None
@@ -50,6 +63,23 @@ class Backend:
     _state: BackendState | None = field(default=None, init=False, repr=False)
     _state_now_s: float = field(default=0.0, init=False, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.stated_profile.values:
+            self._merge_profile()
+
+    def learn_profile(self, facts: ProfileFacts) -> None:
+        """Take what one source says of the profile; the stated fields still win."""
+        if self.learned_profiles.get(facts.source) == facts:
+            return
+        self.learned_profiles[facts.source] = facts
+        self._merge_profile()
+
+    def _merge_profile(self) -> None:
+        learned = self.learned_profiles
+        heartbeat = [learned["heartbeat"]] if "heartbeat" in learned else []
+        others = [f for name, f in learned.items() if name != "heartbeat"]
+        self.profile, self.profile_sources = merge([self.stated_profile, *heartbeat, *others])
+
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
         if name != "_state" and name != "_state_now_s":
@@ -67,15 +97,27 @@ class Backend:
         cached = self._state
         if cached is not None and self._state_now_s == now_s:
             return cached
-        # Never observed: stale, so routing treats it as unknown, never as idle.
-        age_s = inf if self.load_observed_s is None else now_s - self.load_observed_s
-        finished = self.num_finished_since_load
-        num_running = max(0, self.num_running - finished)
-        num_waiting = max(0, self.num_waiting - max(0, finished - self.num_running))
+        kv_usage = self.kv_usage
+        if self.load_source == "books":
+            # The gateway's own counts: current, and all the engine runs if it is the only
+            # client. Beyond max_batch the engine queues; KV is what those requests reserved.
+            age_s = 0.0
+            in_flight = self.num_in_flight
+            max_batch = self.profile.max_batch
+            num_running = in_flight if max_batch is None else min(in_flight, max_batch)
+            num_waiting = in_flight - num_running
+            capacity = self.profile.kv_capacity_tokens
+            kv_usage = min(1.0, self.num_in_flight_tokens / capacity) if capacity else 0.0
+        else:
+            # Never observed: stale, so routing treats it as unknown, never as idle.
+            age_s = inf if self.load_observed_s is None else now_s - self.load_observed_s
+            finished = self.num_finished_since_load
+            num_running = max(0, self.num_running - finished)
+            num_waiting = max(0, self.num_waiting - max(0, finished - self.num_running))
         state = BackendState(
             name=self.name, models=self.models, is_healthy=self.is_healthy, age_s=age_s,
             weight=self.weight, profile=self.profile, num_running=num_running,
-            num_waiting=num_waiting, kv_usage=self.kv_usage,
+            num_waiting=num_waiting, kv_usage=kv_usage,
             num_queued_prefill_tokens=self.num_queued_prefill_tokens,
             num_in_flight=self.num_in_flight, num_in_flight_tokens=self.num_in_flight_tokens,
             num_in_flight_prompt_tokens=self.num_in_flight_prompt_tokens,

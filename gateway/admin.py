@@ -19,6 +19,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from backends.registry import Backend
 from gateway.context import GATEWAY, Gateway
 from gateway.errors import APIError
 from gateway.keystore import ALL_MODELS, TENANT_ID_RE, Limits
@@ -219,6 +220,18 @@ async def revoke_key(request: web.Request) -> web.Response:
     return _json(key.to_json())
 
 
+def _profile_json(backend: Backend) -> dict[str, Any]:
+    """Each profile field with its value and where it came from (None: nobody said)."""
+    profile = backend.profile
+    values = {**asdict(profile), "kv_capacity_tokens": profile.kv_capacity_tokens}
+    sources = backend.profile_sources
+    fields = {name: {"value": value, "source": sources.get(name)}
+              for name, value in values.items()}
+    if "kv_capacity_tokens" in sources:
+        fields["num_kv_blocks"]["source"] = sources["kv_capacity_tokens"]
+    return fields
+
+
 @routes.get("/admin/fleet")
 async def get_fleet(request: web.Request) -> web.Response:
     """Every backend as routing sees it now: membership source, health, load and its age."""
@@ -236,6 +249,7 @@ async def get_fleet(request: web.Request) -> web.Response:
             "kv_usage": backend.kv_usage,
             "num_queued_prefill_tokens": backend.num_queued_prefill_tokens,
             "num_prefix_kv_blocks": backend.num_prefix_kv_blocks,
-            "num_in_flight": backend.num_in_flight, "profile": asdict(backend.profile),
+            "num_in_flight": backend.num_in_flight, "load_source": backend.load_source,
+            "profile": _profile_json(backend),
         })
     return _json({"object": "list", "routing_profile": gw.router.profile.name, "data": data})

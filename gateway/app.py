@@ -23,6 +23,7 @@ from admission.quota import QuotaStore
 from backends.approx_sync import ApproxIndexSync
 from backends.fleet import FleetSync
 from backends.health import HealthChecker
+from backends.profiles import stated_facts
 from backends.registry import Backend, BackendRegistry
 from backends.upstream import UpstreamClient
 from gateway import admin, handlers, proxy
@@ -115,6 +116,8 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
                 name=b.name, url=b.url, models=frozenset(b.models), weight=b.weight,
                 health_path=b.health_path,
                 api_key=b.api_key.get_secret_value() if b.api_key else None,
+                stated_profile=stated_facts(b.profile.model_dump()),
+                discover_profile=b.discover_profile,
             )
             for b in settings.backends
         ]
@@ -169,10 +172,12 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
         except (RedisError, OSError) as exc:
             log.warning("approximate index: cannot catch up from Redis yet: %s", exc)
         tasks.append(asyncio.create_task(approx_sync.run(), name="approx-index-sync"))
+        fleet = FleetSync(registry, redis, upstream.session, index=router.exact_index,
+                          discover_workers=settings.routing.discover_workers)
         if settings.routing.discover_workers:
-            fleet = FleetSync(registry, redis, upstream.session, index=router.exact_index)
             await fleet.poll_members_once()  # workers already beating are known at start
-            tasks += fleet.start()
+        await fleet.first_look()  # listed engines' load source and profile, before serving
+        tasks += fleet.start()
         try:
             yield
         finally:

@@ -38,6 +38,23 @@ class ListenSettings(_Strict):
     port: int = Field(8080, ge=0, le=65535)
 
 
+class BackendProfileSettings(_Strict):
+    """What an engine can hold and do, as the operator states it. Each field left out is
+    discovered where the engine exposes it (vLLM's ``/metrics`` and ``/v1/models``, SGLang's
+    ``/get_server_info``, llama.cpp's ``/props``); a stated field always wins."""
+
+    max_batch: int | None = Field(
+        None, ge=1, description="sequences it runs at once (vLLM --max-num-seqs, SGLang "
+        "--max-running-requests, llama.cpp --parallel)")
+    kv_capacity_tokens: int | None = Field(None, ge=1, description="tokens its KV cache holds")
+    block_size: int | None = Field(None, ge=1, le=4096, description="tokens per KV block")
+    max_context_tokens: int | None = Field(None, ge=1, description="longest prompt + output")
+    device: str | None = Field(None, max_length=128, description="e.g. nvidia-h100, cpu")
+    prefill_tokens_per_s: float | None = Field(None, gt=0)
+    relative_speed: float | None = Field(
+        None, gt=0, le=1000, description="against the fleet's typical backend (1.0)")
+
+
 class BackendSettings(_Strict):
     """One upstream engine (a vLLM / SGLang server, or a switchyard worker)."""
 
@@ -47,6 +64,9 @@ class BackendSettings(_Strict):
     weight: float = Field(1.0, gt=0)
     health_path: str = "/health"
     api_key: SecretStr | None = Field(None, description="bearer token the engine expects, if any")
+    profile: BackendProfileSettings = BackendProfileSettings()
+    discover_profile: bool = Field(
+        True, description="read what the engine exposes of its profile (fields not stated)")
 
     @field_validator("name")
     @classmethod

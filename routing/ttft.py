@@ -2,7 +2,7 @@
 
 It weighs what prefix affinity saves against the wait it causes, in one unit (seconds)::
 
-    rate        = profile.prefill_tokens_per_s  (default 10,000 tok/s when not advertised)
+    rate        = profile.prefill_tokens_per_s  (default 10,000 tok/s times profile.relative_speed)
     cached      = min(prompt, matched_blocks * block_tokens)      from snapshot.prefix
     uncached    = prompt - cached                                 this request's own prefill
     backlog     = max(num_queued_prefill_tokens, num_in_flight_prompt_tokens)      if fresh
@@ -80,9 +80,10 @@ class TtftScorer:
             elif in_flight > backlog:
                 backlog = in_flight
             uncached = num_prompt_tokens - get_num_blocks(b.name, 0) * block_tokens
-            rate = b.profile.prefill_tokens_per_s
+            profile = b.profile
+            rate = profile.prefill_tokens_per_s
             if rate is None or rate <= 0:
-                rate = default_rate
+                rate = default_rate * profile.relative_speed
             estimates.append((backlog + (uncached if uncached > 0 else 0)) / rate)
         return estimates
 

@@ -32,14 +32,23 @@ class RouteRequest:
 
 @dataclass(frozen=True, slots=True)
 class BackendProfile:
-    """What a backend advertises once (heartbeat ``profile``) or the configuration states."""
+    """What a backend can hold and do: advertised (heartbeat ``profile``), discovered from what
+    the engine exposes, or stated in the configuration (``backends.profile``)."""
 
     device: str = "unknown"
     num_kv_blocks: int | None = None
     block_size: int | None = None
-    max_batch: int | None = None
+    max_batch: int | None = None  # sequences it runs at once (vLLM's max_num_seqs)
     max_context_tokens: int | None = None
     prefill_tokens_per_s: float | None = None  # measured or advertised prefill speed
+    relative_speed: float = 1.0  # against the fleet's typical backend, where nothing is measured
+
+    @property
+    def kv_capacity_tokens(self) -> int | None:
+        """Tokens its KV cache holds, when both the block count and size are known."""
+        if self.num_kv_blocks is None or not self.block_size:
+            return None
+        return self.num_kv_blocks * self.block_size
 
 
 @dataclass(frozen=True, slots=True)

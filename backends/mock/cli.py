@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
             port=args.port,
             models=tuple(args.model) if args.model else defaults.models,
             first_token_delay_ms=args.first_token_delay_ms,
+            serves_metrics=not args.no_metrics,
             token_delay_ms=args.token_delay_ms,
             default_max_tokens=args.default_max_tokens,
         )
@@ -42,4 +43,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--first-token-delay-ms", type=float, default=0.0)
     parser.add_argument("--token-delay-ms", type=float, default=0.0)
     parser.add_argument("--default-max-tokens", type=int, default=defaults.default_max_tokens)
+    parser.add_argument("--no-metrics", action="store_true",
+                        help="answer /metrics with 404, as an engine without load metrics")
     return parser

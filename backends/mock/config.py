@@ -24,6 +24,8 @@ class MockEngineConfig:
     first_token_delay_ms: float = 0
     token_delay_ms: float = 0
     default_max_tokens: int = 16
+    # False: /metrics answers 404, as an OpenAI-compatible server that exposes no load figures
+    serves_metrics: bool = True
 
     def __post_init__(self) -> None:
         if not self.models:

@@ -176,6 +176,8 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
+    if not request.app[CONFIG_KEY].serves_metrics:
+        raise web.HTTPNotFound()
     text = render_metrics(request.app[STATS_KEY], request.app[CONFIG_KEY].models)
     return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 

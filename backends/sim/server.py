@@ -239,6 +239,9 @@ async def _metrics(request: web.Request) -> web.Response:
         f"vllm:prompt_tokens_total{{{label}}} {worker.num_prompt_tokens_total}",
         "# TYPE vllm:generation_tokens counter",
         f"vllm:generation_tokens_total{{{label}}} {worker.num_generation_tokens_total}",
+        "# TYPE vllm:cache_config_info gauge",
+        f'vllm:cache_config_info{{block_size="{worker.profile.block_size}",'
+        f'enable_prefix_caching="True",num_gpu_blocks="{worker.profile.num_kv_blocks}"}} 1.0',
         "# TYPE vllm:request_success counter",
     ]
     for reason in ("stop", "length"):

@@ -82,7 +82,7 @@ def test_workers_join_by_heartbeat_and_leave_when_it_expires(tmp_path: Path) -> 
         assert fleet["routing_profile"] == "prefix_affinity"
         assert {b["source"] for b in fleet["data"]} == {"heartbeat"}
         assert len(fleet["data"]) == 3
-        assert all(b["profile"]["num_kv_blocks"] > 0 and b["load_age_s"] < 5
+        assert all(b["profile"]["num_kv_blocks"]["value"] > 0 and b["load_age_s"] < 5
                    for b in fleet["data"])
         second.send_signal(signal.SIGKILL)  # a crash: no withdrawal, only the TTL expires
         second.wait()

@@ -202,6 +202,6 @@ def test_a_gateway_joins_the_worker_by_heartbeat_and_routes_to_it(
     fleet = gateway.admin.get("/admin/fleet").json()["data"]
     (backend,) = fleet
     assert backend["name"] == WORKER_ID and backend["source"] == "heartbeat"
-    assert backend["profile"]["device"] == "cpu"
-    assert backend["profile"]["num_kv_blocks"] == NUM_KV_BLOCKS
+    assert backend["profile"]["device"] == {"value": "cpu", "source": "heartbeat"}
+    assert backend["profile"]["num_kv_blocks"]["value"] == NUM_KV_BLOCKS
     assert httpx.get(gateway.url + "/metrics").status_code == 200

@@ -1,0 +1,67 @@
+"""Engines switchyard did not start, listed in ``backends:`` with no heartbeats or KV events:
+their profiles discovered from their own pages (or stated), and an engine without load metrics
+loaded by what the gateway sent it, not capped as an unknown."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+
+import httpx
+
+from gateway.localproc import ProcessGroup, start_redis
+from tests.fleet import Engine, Gateway, wait_until
+from tests.integration.test_routing_fleet import MODEL, _start_sim
+
+
+def test_profiles_are_discovered_and_stated_fields_win(tmp_path: Path) -> None:
+    with ProcessGroup() as group:
+        redis_url = start_redis(group, tmp_path)
+        _, urls = _start_sim(group, None, 2)
+        backends = [{"name": "vllm-0", "url": urls[0], "models": [MODEL],
+                     "profile": {"max_batch": 8, "block_size": 32, "device": "nvidia-h100"}},
+                    {"name": "vllm-1", "url": urls[1], "models": [MODEL]}]
+        gateway = Gateway(group, tmp_path, redis_url, backends=backends,
+                          routing={"discover_workers": False})
+        sim = httpx.get(urls[1] + "/sim/profile").json()["profile"]
+        fleet = {b["name"]: b for b in gateway.admin.get("/admin/fleet").json()["data"]}
+        stated, discovered = fleet["vllm-0"], fleet["vllm-1"]
+        assert discovered["load_source"] == "metrics"
+        assert discovered["profile"]["block_size"] == {"value": sim["block_size"],
+                                                       "source": "vllm:/metrics"}
+        assert discovered["profile"]["kv_capacity_tokens"] == {
+            "value": sim["num_kv_blocks"] * sim["block_size"], "source": "vllm:/metrics"}
+        assert discovered["profile"]["max_context_tokens"] == {
+            "value": sim["max_context_tokens"], "source": "/v1/models"}
+        assert discovered["profile"]["max_batch"] == {"value": None, "source": None}
+        assert stated["profile"]["max_batch"] == {"value": 8, "source": "config"}
+        assert stated["profile"]["block_size"] == {"value": 32, "source": "config"}
+        assert stated["profile"]["device"] == {"value": "nvidia-h100", "source": "config"}
+        # the KV capacity is still the engine's (in its own block size's tokens)
+        assert stated["profile"]["kv_capacity_tokens"]["source"] == "vllm:/metrics"
+
+
+def test_an_engine_without_load_metrics_is_loaded_by_the_gateways_books(tmp_path: Path) -> None:
+    with ProcessGroup() as group:
+        redis_url = start_redis(group, tmp_path)
+        engine = Engine(group, "plain", extra=("--no-metrics", "--first-token-delay-ms", "600"))
+        backend = {**engine.backend_config(), "profile": {"max_batch": 16}}
+        gateway = Gateway(group, tmp_path, redis_url, backends=[backend],
+                          routing={"discover_workers": False})
+        key = gateway.new_key()
+        (data,) = gateway.admin.get("/admin/fleet").json()["data"]
+        assert data["load_source"] == "books"
+        assert data["load_age_s"] == 0.0
+
+        def chat(i: int) -> int:
+            response = httpx.post(gateway.url + "/v1/chat/completions", timeout=30,
+                                  headers={"Authorization": f"Bearer {key}"},
+                                  json={"model": engine.models[0], "max_tokens": 2,
+                                        "messages": [{"role": "user", "content": f"q{i}"}]})
+            return response.status_code
+
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            futures = [pool.submit(chat, i) for i in range(12)]
+            # all twelve reach the engine together (an unknown engine used to get four)
+            assert wait_until(lambda: engine.stats()["in_flight"] == 12, timeout_s=5)
+            assert [f.result() for f in futures] == [200] * 12
