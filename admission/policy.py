@@ -18,12 +18,14 @@ idle TTFT times ``1 + oversize_slack``. A queueing tier with requests of its own
 tier already waiting is queued too, so that arrivals do not overtake the queue.
 
 Capacity: a backend has room when its figures are fresh and it has at most ``max_waiting``
-waiting requests, KV usage below ``max_kv_usage`` and (when it advertises ``max_batch``) a
-free batch slot. A stale backend's load is unknown, never idle: it counts as having room only
-while this gateway has fewer than ``stale_max_in_flight`` requests on it (its own, always
-current, count). The dispatcher pops the queue only while ``fleet_has_capacity`` holds, so
-overload waits in the gateway, where tiers and tenants are ordered, rather than in the
-workers' FIFO queues.
+waiting requests, (when it advertises ``max_batch``) a free batch slot, and KV for the
+request: by the fit rule (``routing.fit``: the request's uncached prompt tokens and expected
+output against the free KV) when its KV capacity is known, by ``max_kv_usage`` only when it
+states neither capacity nor ``max_batch``. A stale backend's load is unknown, never idle:
+it counts as having room only while this gateway has fewer than ``stale_max_in_flight``
+requests on it (its own, always current, count). The dispatcher pops the queue only while
+``fleet_has_capacity`` holds, so overload waits in the gateway, where tiers and tenants are
+ordered, rather than in the workers' FIFO queues.
 
 Admission only decides when a request starts: a stream that has started is never cancelled
 to make room for another, whatever its tier.
@@ -46,6 +48,7 @@ from typing import Literal, Protocol
 from admission.headroom import free_slots
 from admission.predictor import TtftFeatures, ttft_features
 from admission.tiers import Tier
+from routing.fit import free_kv_tokens, needed_kv_tokens
 from routing.types import BackendState, FleetSnapshot, PrefixMatch
 
 Action = Literal["admit", "queue", "reject"]
@@ -72,6 +75,7 @@ class AdmissionRequest:
     uncached_tokens: int | Mapping[str, int] | None = None
     model: str | None = None
     arrival_s: float | None = None
+    max_tokens: int | None = None  # the output cap, for the KV it needs (routing.fit)
 
     def uncached_for(self, backend: str, prefix: PrefixMatch) -> int:
         if isinstance(self.uncached_tokens, int):
@@ -116,18 +120,29 @@ _ADMIT_REASON = "the quickest backend's predicted TTFT meets the tier's target"
 
 
 def backend_has_capacity(backend: BackendState, *, max_age_s: float,
-                         config: PolicyConfig = DEFAULT_POLICY) -> bool:
-    """Whether one more request would start on ``backend`` without waiting in its queue."""
+                         config: PolicyConfig = DEFAULT_POLICY,
+                         needed_kv_tokens: int = 0) -> bool:
+    """Whether one more request would start on ``backend`` without waiting in its queue.
+
+    ``needed_kv_tokens``: the new KV the request needs there (``routing.fit``; 0 when the
+    request is not known, as for the dispatcher's gate). KV is judged by the fit rule when
+    the backend's capacity is known; otherwise a free batch slot (``max_batch``) and an
+    empty engine queue say it all, and only a backend that states neither falls back on
+    the ``max_kv_usage`` gauge threshold."""
     if not backend.is_healthy:
         return False
     if backend.age_s > max_age_s:
         return backend.num_in_flight < config.stale_max_in_flight
     max_batch = backend.profile.max_batch
     num_running = max(backend.num_running, backend.num_in_flight)
-    return (backend.num_waiting <= config.max_waiting
-            and backend.kv_usage < config.max_kv_usage
-            and backend.num_in_flight_prompt_tokens <= config.max_pending_prefill_tokens
-            and (max_batch is None or num_running < max_batch))
+    if (backend.num_waiting > config.max_waiting
+            or backend.num_in_flight_prompt_tokens > config.max_pending_prefill_tokens
+            or (max_batch is not None and num_running >= max_batch)):
+        return False
+    free_tokens = free_kv_tokens(backend, max_age_s=max_age_s)
+    if free_tokens is not None:
+        return 0 < free_tokens >= needed_kv_tokens
+    return max_batch is not None or backend.kv_usage < config.max_kv_usage
 
 
 def fleet_has_capacity(snapshot: FleetSnapshot, config: PolicyConfig = DEFAULT_POLICY,
@@ -175,8 +190,10 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
             best_s, best = predicted_s, b
     expected_s = waited_s + best_s
     has_capacity = False
-    for b in candidates:
-        if backend_has_capacity(b, max_age_s=snapshot.max_age_s, config=config):
+    for b, uncached in uncached_by_backend:
+        needed = needed_kv_tokens(uncached, 0, request.max_tokens)
+        if backend_has_capacity(b, max_age_s=snapshot.max_age_s, config=config,
+                                needed_kv_tokens=needed):
             has_capacity = True
             break
     held_for_higher = False

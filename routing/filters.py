@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from routing.fit import fits, needed_kv_tokens
 from routing.plugin import Cycle, check_number
 from routing.registry import register_filter
 from routing.types import BackendState
@@ -68,9 +69,15 @@ class FreshFilter:
 
 @register_filter("not_saturated")
 class NotSaturatedFilter:
-    """Drops backends over a waiting-queue or KV-usage threshold, unless that drops them all
-    (soft).
+    """Drops backends with a long waiting queue or no room for the request's KV, unless that
+    drops them all (soft).
 
+    Room is the fit rule (``routing.fit``): the KV the request needs there (its uncached
+    prompt tokens and expected output, so a prefix holder needs only what it lacks) against
+    the KV free there (capacity from the profile, less the gauge's usage and this gateway's
+    not-yet-prefilled prompts). A backend whose KV capacity is unknown falls back on
+    ``max_kv_usage``, a last guard that never drops a backend holding part of the prompt:
+    engines' gauges sit near 1.0 under long-context load, and a holder needs little new KV.
     A stale backend counts as saturated (its load is unknown).
     """
 
@@ -83,9 +90,19 @@ class NotSaturatedFilter:
     def filter(self, cycle: Cycle, candidates: list[BackendState]) -> list[BackendState]:
         stale_after_s = cycle.stale_after_s
         max_waiting, max_kv_usage = self.max_waiting, self.max_kv_usage
-        return [b for b in candidates
-                if b.age_s <= stale_after_s and b.num_waiting <= max_waiting
-                and b.kv_usage <= max_kv_usage]
+        request = cycle.request
+        kept = []
+        for b in candidates:
+            if b.age_s > stale_after_s or b.num_waiting > max_waiting:
+                continue
+            cached = cycle.num_cached_tokens(b)
+            room = fits(b, needed_kv_tokens(request.num_prompt_tokens, cached,
+                                            request.max_tokens), max_age_s=stale_after_s)
+            if room is None:
+                room = b.kv_usage <= max_kv_usage or cached > 0
+            if room:
+                kept.append(b)
+        return kept
 
 
 @register_filter("balanced")

@@ -101,8 +101,14 @@ def test_fleet_free_slots() -> None:
     # next one, so its free slot is no room for anyone now.
     pytest.param((backend("a", num_running=2, num_waiting=1), backend("b", num_running=3)),
                  (1, 8), id="a-backend-with-a-queue-has-no-room"),
-    pytest.param((backend("a", num_running=1, kv_usage=0.99), backend("b")), (4, 8),
-                 id="a-backend-out-of-kv-has-no-room"),
+    pytest.param((BackendState(name="a", models=frozenset({"m"}), num_running=1,
+                               kv_usage=1.0, profile=BackendProfile(
+                                   max_batch=4, num_kv_blocks=1000, block_size=16)),
+                  backend("b")), (4, 8), id="a-backend-out-of-kv-has-no-room"),
+    # its KV capacity unknown, a free batch slot and an empty queue are the signal: a gauge
+    # near 1.0 (engines' sit there under long-context load) does not take the slots away
+    pytest.param((backend("a", num_running=1, kv_usage=0.99), backend("b")), (7, 8),
+                 id="a-gauge-near-full-without-capacity-keeps-its-slots"),
     pytest.param((backend("a"), backend("b", max_batch=None)), None, id="unknown-room"),
 ])
 def test_fleet_free_slots_counts_only_backends_with_room(

@@ -149,7 +149,13 @@ def test_predicts_on_the_quickest_backend(req: AdmissionRequest, snap: FleetSnap
     [
         pytest.param(backend(), True, id="idle"),
         pytest.param(backend(num_waiting=1), False, id="waiting"),
-        pytest.param(backend(kv_usage=0.95), False, id="kv-full"),
+        pytest.param(backend(kv_usage=0.95), False, id="kv-full-nothing-else-known"),
+        pytest.param(backend(kv_usage=0.99, profile=BackendProfile(max_batch=8)), True,
+                     id="gauge-near-full-but-a-batch-slot-free"),
+        pytest.param(backend(kv_usage=1.0, profile=BackendProfile(
+            max_batch=8, num_kv_blocks=100, block_size=16)), False, id="kv-capacity-all-used"),
+        pytest.param(backend(kv_usage=0.5, profile=BackendProfile(
+            num_kv_blocks=100, block_size=16)), True, id="kv-capacity-half-free"),
         pytest.param(backend(num_running=8, profile=BackendProfile(max_batch=8)), False,
                      id="batch-full"),
         pytest.param(backend(num_running=7, profile=BackendProfile(max_batch=8)), True,
@@ -193,3 +199,21 @@ def test_deterministic_and_pure() -> None:
     assert all(first == second for first, second in pairs)
     assert len({first.action for first, _ in pairs}) == 3  # the cases differ
     assert predictor.coefficients() == before
+
+
+@pytest.mark.parametrize(
+    ("uncached", "admitted"),
+    [
+        pytest.param(200, True, id="holder-needs-little-new-kv"),
+        pytest.param(1800, False, id="non-holder-needs-the-whole-prompt"),
+    ],
+)
+def test_admission_fit_is_per_request(uncached: int, admitted: bool) -> None:
+    """KV 90 % used of 8,000 tokens (800 free): a request whose uncached part fits is
+    admitted; one that would prefill its whole prompt waits or is refused."""
+    full = backend("w0", kv_usage=0.9,
+                   profile=BackendProfile(max_batch=8, num_kv_blocks=500, block_size=16))
+    req = AdmissionRequest(tier=TIERS["interactive"], tenant="t", prompt_tokens=1800,
+                           uncached_tokens=uncached, max_tokens=64)
+    decision = decide(req, snapshot(full), TtftPredictor(), NOW_S)
+    assert (decision.action == "admit") is admitted, decision
