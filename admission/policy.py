@@ -59,6 +59,8 @@ class TtftEstimator(Protocol):
 
     def predict_s(self, backend: BackendState, features: TtftFeatures) -> float: ...
 
+    def margin_s(self, backend: BackendState) -> float: ...
+
 
 @dataclass(frozen=True, slots=True)
 class AdmissionRequest:
@@ -163,11 +165,17 @@ def fleet_free_slots(snapshot: FleetSnapshot, config: PolicyConfig = DEFAULT_POL
 
 def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEstimator,
            now_s: float, *, config: PolicyConfig = DEFAULT_POLICY,
-           num_queued_ahead: int = 0, reserved_slots: int = 0) -> Decision:
+           num_queued_ahead: int = 0, reserved_slots: int = 0,
+           slot_free_rate_per_s: float = 0.0) -> Decision:
     """Admit, queue or reject ``request``; see the module docstring. O(backends).
 
     ``reserved_slots``: free batch slots this request must leave to higher tiers
-    (``admission.headroom``); the fleet has room for it only beyond them."""
+    (``admission.headroom``); the fleet has room for it only beyond them. Predictions include
+    the predictor's recent lateness (``margin_s``), so a fit that runs low does not admit
+    requests that then miss. ``slot_free_rate_per_s``: how often requests end in the fleet
+    lately; a refusal's ``Retry-After`` is the time until the requests ahead of this one
+    (queued and reserved) and this one could have started at that rate, or until the backlog
+    has drained below the target, whichever is later."""
     tier = request.tier
     arrival_s = now_s if request.arrival_s is None else request.arrival_s
     waited_s = max(0.0, now_s - arrival_s)
@@ -185,7 +193,7 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
         uncached_by_backend.append((b, uncached))
         features = ttft_features(b, uncached, max_age_s=snapshot.max_age_s,
                                  worst_queued_tokens=worst_queued)
-        predicted_s = predictor.predict_s(b, features)
+        predicted_s = predictor.predict_s(b, features) + predictor.margin_s(b)
         if predicted_s < best_s:
             best_s, best = predicted_s, b
     expected_s = waited_s + best_s
@@ -219,7 +227,7 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
         reason = (f"the fleet's last free batch slots (up to {reserved_slots}) are held for "
                   "higher tiers' expected arrivals" if held_for_higher else
                   f"fleet saturated: no backend has <= {config.max_waiting} waiting requests, "
-                  f"KV usage below {config.max_kv_usage:.0%} and a free batch slot")
+                  "a free batch slot and KV for the request")
         head_deadline_s = arrival_s + tier.ttft_slo_s - idle_s
         if tier.on_overload == "reject" and head_deadline_s > now_s:
             # Saturated: this request goes ahead of every lower tier in the gateway's queue
@@ -232,16 +240,31 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
     else:
         reason = (f"predicted TTFT {expected_s:.3g} s (quickest: {best.name}) exceeds the "
                   f"{tier.name} tier's {target_s:.3g} s target")
+    excess_s = best_s - target_s
+    if not has_capacity:
+        excess_s = max(excess_s, time_to_start_s(num_queued_ahead + reserved_slots,
+                                                 slot_free_rate_per_s))
     return _overload(request, arrival_s, now_s, config, reason, best_s, best.name,
-                     excess_s=best_s - target_s, idle_s=idle_s)
+                     excess_s=excess_s, idle_s=idle_s)
+
+
+def time_to_start_s(num_ahead: int, slot_free_rate_per_s: float) -> float:
+    """When a request with ``num_ahead`` others before it could start, at the fleet's recent
+    rate of ending requests (0 when that rate is unknown)."""
+    if slot_free_rate_per_s <= 0:
+        return 0.0
+    return (num_ahead + 1) / slot_free_rate_per_s
 
 
 def reject_expired(tier: Tier, arrival_s: float, now_s: float,
-                   config: PolicyConfig = DEFAULT_POLICY) -> Decision:
-    """The 503 for a request that ``FairQueue.expire`` handed back."""
+                   config: PolicyConfig = DEFAULT_POLICY, *, num_queued_ahead: int = 0,
+                   slot_free_rate_per_s: float = 0.0) -> Decision:
+    """The 503 for a request that ``FairQueue.expire`` handed back; ``Retry-After`` is the
+    time its tier's queue ahead of it needs to start (``time_to_start_s``)."""
     return Decision("reject", f"waited {now_s - arrival_s:.3g} s in the {tier.name} tier's "
                     f"queue, its limit is {tier.max_wait_s:.3g} s; the fleet is overloaded",
-                    retry_after_s=_retry_after_s(0.0, config))
+                    retry_after_s=_retry_after_s(
+                        time_to_start_s(num_queued_ahead, slot_free_rate_per_s), config))
 
 
 def _overload(request: AdmissionRequest, arrival_s: float, now_s: float,

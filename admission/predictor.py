@@ -7,22 +7,28 @@ The model (one per backend, plus a fleet-wide one that seeds new backends)::
     ttft_s         = base_s
                    + prefill_tokens * s_per_token                    1 / prefill speed
                    + num_running * steps * running_step_s            decode interference
+                   + num_ahead * per_ahead_s                         waiting for a batch slot
 
 ``queued_tokens`` follows ``routing.ttft``: the larger of the engine's
 ``num_queued_prefill_tokens`` and the gateway's ``num_in_flight_prompt_tokens`` when the
 backend's figures are fresh (the engine's count already includes what it has received of
 ours); when stale, the worst engine backlog among the candidates plus ours. Decode
 interference: each engine step that works on the prefill also decodes every running sequence.
+``num_ahead``: requests ahead of it that have no batch slot (the engine's waiting count, or
+this gateway's in-flight requests beyond ``max_batch``): each waits for a running one to end,
+which scraped load alone (no queued-prefill figure) otherwise cannot see.
 
 Fitting: recursive least squares with forgetting (``admission.rls``; memory about
 ``1 / (1 - forgetting)`` observations) on the features ``(1, prefill_tokens / 1000,
-num_running * steps / 100)``. A backend seen for the first time starts from the fleet model's
-current fit, with ``s_per_token = 1 / profile.prefill_tokens_per_s`` when it advertises one.
-Every observation updates both its backend's model and the fleet's.
+num_running * steps / 100, num_ahead / 10)``. A backend seen for the first time starts from
+the fleet model's current fit, with ``s_per_token = 1 / profile.prefill_tokens_per_s`` when
+it advertises one. Every observation updates both its backend's model and the fleet's.
 
 Observe the TTFT from dispatch to first token (the gateway queue's wait is not the engine's),
 with the features taken when the request was dispatched. Before each update the prediction
-is scored: ``error_stats()`` gives MAPE, bias and count over the last ``window`` observations.
+is scored: ``error_stats()`` gives MAPE, bias and count over the last ``window`` observations,
+and ``margin_s(backend)`` how late the backend's first tokens came against their predictions
+(a high quantile), which admission adds before comparing with an SLO.
 
 Example::
 
@@ -44,6 +50,7 @@ from routing.types import BackendState, FleetSnapshot
 
 _TOKEN_SCALE = 1000.0  # features near 1 keep the regression well conditioned
 _RUNNING_STEP_SCALE = 100.0
+_AHEAD_SCALE = 10.0
 _MIN_TTFT_S = 1e-3
 
 
@@ -54,6 +61,7 @@ class TtftFeatures:
     queued_tokens: int  # prefill work ahead of the request
     uncached_tokens: int  # the request's own prefill (prompt minus cached prefix)
     num_running: int = 0  # sequences decoding alongside
+    num_ahead: int = 0  # requests ahead of it that wait for a batch slot
 
     @property
     def prefill_tokens(self) -> int:
@@ -62,15 +70,23 @@ class TtftFeatures:
 
 def ttft_features(backend: BackendState, uncached_tokens: int, *, max_age_s: float,
                   worst_queued_tokens: int = 0) -> TtftFeatures:
-    """Features of ``backend`` for a request; stale figures fall back on ``worst_queued``."""
+    """Features of ``backend`` for a request; stale figures fall back on ``worst_queued``.
+
+    Requests ahead without a batch slot: the engine's waiting count, or this gateway's own
+    in-flight requests beyond ``max_batch`` when that is larger (current, where the engine's
+    count is a scrape old; all of them when this gateway is the engine's only client)."""
     in_flight = backend.num_in_flight_prompt_tokens
+    max_batch = backend.profile.max_batch
+    beyond_batch = 0 if max_batch is None else max(0, backend.num_in_flight - max_batch)
     if backend.age_s > max_age_s:
         queued = worst_queued_tokens + in_flight
         num_running = max(backend.num_running, backend.num_in_flight)
+        num_ahead = beyond_batch
     else:
         queued = max(backend.num_queued_prefill_tokens, in_flight)
         num_running = backend.num_running
-    return TtftFeatures(queued, max(0, uncached_tokens), num_running)
+        num_ahead = max(backend.num_waiting, beyond_batch)
+    return TtftFeatures(queued, max(0, uncached_tokens), num_running, num_ahead)
 
 
 def snapshot_features(snapshot: FleetSnapshot, backend_name: str,
@@ -91,10 +107,14 @@ class PredictorConfig:
     default_prefill_tokens_per_s: float = 10_000.0
     default_base_s: float = 0.02
     default_running_step_s: float = 2e-4
+    default_per_ahead_s: float = 0.05  # each request ahead waiting for a batch slot
     step_tokens: int = 2048
     forgetting: float = 0.995
     prior_variance: float = 1.0  # per scaled coefficient: larger trusts the prior less
     window: int = 256
+    # The margin added for admission: this quantile of recent (observed - predicted), per
+    # backend, so that a fit that runs low does not admit requests that then miss their SLO.
+    margin_quantile: float = 0.9
 
     def __post_init__(self) -> None:
         if not 0 < self.forgetting <= 1:
@@ -111,6 +131,7 @@ class Coefficients:
     base_s: float
     s_per_token: float
     running_step_s: float
+    per_ahead_s: float = 0.0
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -134,9 +155,12 @@ class TtftPredictor:
         c = self.config
         self._fleet = self._new_model((c.default_base_s,
                                        _TOKEN_SCALE / c.default_prefill_tokens_per_s,
-                                       c.default_running_step_s * _RUNNING_STEP_SCALE))
+                                       c.default_running_step_s * _RUNNING_STEP_SCALE,
+                                       c.default_per_ahead_s * _AHEAD_SCALE))
         self._models: dict[str, Rls] = {}
         self._errors: dict[str | None, deque[tuple[float, float]]] = {}
+        self._margins: dict[str, tuple[int, float]] = {}  # backend -> (at count, margin)
+        self._num_observed: dict[str, int] = {}
 
     def predict_s(self, backend: BackendState | str, features: TtftFeatures) -> float:
         """Predicted TTFT in seconds (at least 1 ms)."""
@@ -147,12 +171,31 @@ class TtftPredictor:
             return max(_MIN_TTFT_S, sum(t * xi for t, xi in zip(theta, x, strict=True)))
         return max(_MIN_TTFT_S, model.predict(x))
 
+    def margin_s(self, backend: BackendState | str) -> float:
+        """How much later than predicted ``backend``'s first tokens came lately: the
+        ``margin_quantile`` of its recent (observed - predicted), at least 0. Recomputed every
+        16 observations."""
+        name = _name(backend)
+        count = self._num_observed.get(name, 0)
+        cached = self._margins.get(name)
+        if cached is not None and count - cached[0] < 16:
+            return cached[1]
+        window = self._errors.get(name)
+        margin = 0.0
+        if window and len(window) >= 8:
+            late = sorted(o - p for p, o in window)
+            margin = max(0.0, late[min(len(late) - 1,
+                                       int(self.config.margin_quantile * len(late)))])
+        self._margins[name] = (count, margin)
+        return margin
+
     def observe(self, backend: BackendState | str, features: TtftFeatures,
                 ttft_s: float) -> None:
         """Fit one observed TTFT (dispatch to first token) taken with ``features``."""
         if not (math.isfinite(ttft_s) and ttft_s >= 0):
             raise ValueError(f"ttft_s must be a finite number >= 0, got {ttft_s}")
         name = _name(backend)
+        self._num_observed[name] = self._num_observed.get(name, 0) + 1
         predicted_s = self.predict_s(backend, features)
         for key in (name, None):
             window = self._errors.get(key)
@@ -178,18 +221,19 @@ class TtftPredictor:
     def coefficients(self, backend: str | None = None) -> Coefficients:
         """The current fit of ``backend`` (the fleet's for None or an unseen backend)."""
         model = (self._models.get(backend) if backend else None) or self._fleet
-        base, per_ktoken, per_running_steps = model.theta
+        base, per_ktoken, per_running_steps, per_ahead = model.theta
         return Coefficients(base, per_ktoken / _TOKEN_SCALE,
-                            per_running_steps / _RUNNING_STEP_SCALE)
+                            per_running_steps / _RUNNING_STEP_SCALE, per_ahead / _AHEAD_SCALE)
 
-    def _vector(self, f: TtftFeatures) -> tuple[float, float, float]:
+    def _vector(self, f: TtftFeatures) -> tuple[float, float, float, float]:
         prefill = f.prefill_tokens
         steps = max(1.0, prefill / self.config.step_tokens)
-        return 1.0, prefill / _TOKEN_SCALE, f.num_running * steps / _RUNNING_STEP_SCALE
+        return (1.0, prefill / _TOKEN_SCALE, f.num_running * steps / _RUNNING_STEP_SCALE,
+                f.num_ahead / _AHEAD_SCALE)
 
-    def _seed_theta(self, backend: BackendState | str) -> tuple[float, float, float]:
+    def _seed_theta(self, backend: BackendState | str) -> tuple[float, float, float, float]:
         """A new backend's starting fit: the fleet's, with its advertised prefill speed."""
-        base, per_ktoken, per_running_steps = self._fleet.theta
+        base, per_ktoken, per_running_steps, per_ahead = self._fleet.theta
         if isinstance(backend, BackendState):
             profile = backend.profile
             advertised = profile.prefill_tokens_per_s
@@ -197,10 +241,10 @@ class TtftPredictor:
                 per_ktoken = _TOKEN_SCALE / advertised
             elif profile.relative_speed != 1.0:
                 per_ktoken /= profile.relative_speed
-        return base, per_ktoken, per_running_steps
+        return base, per_ktoken, per_running_steps, per_ahead
 
-    def _new_model(self, theta: tuple[float, float, float]) -> Rls:
-        return Rls(theta, [self.config.prior_variance] * 3, lower=(0.0, 1e-6, 0.0))
+    def _new_model(self, theta: tuple[float, float, float, float]) -> Rls:
+        return Rls(theta, [self.config.prior_variance] * 4, lower=(0.0, 1e-6, 0.0, 0.0))
 
 
 def _name(backend: BackendState | str) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from math import inf
 from typing import Any
 
+from backends.cache_feedback import CacheFeedback
 from backends.profiles import ProfileFacts, merge
 from routing.types import BackendProfile, BackendState
 
@@ -44,6 +45,8 @@ class Backend:
     learned_profiles: dict[str, ProfileFacts] = field(default_factory=dict)
     profile_sources: dict[str, str] = field(default_factory=dict)
     load_source: str | None = None  # one of LOAD_SOURCES; None until first observed
+    # What its responses said of its prefix cache, against what routing expected.
+    cache_feedback: CacheFeedback = field(default_factory=CacheFeedback)
     # Load, from the worker's heartbeat or its scraped /metrics, observed at load_observed_s
     # (monotonic clock); None until first observed.
     load_observed_s: float | None = None

@@ -31,7 +31,7 @@ from gateway.auth import Authenticator
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, from_http_exception
 from gateway.keystore import KeyStore
-from gateway.metrics import GatewayMetrics, counter_family
+from gateway.metrics import GatewayMetrics, counter_family, gauge_family
 from gateway.router import Router
 from gateway.settings import RoutingSettings, Settings
 from gateway.slo import SloAdmission
@@ -150,6 +150,7 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
         )
         metrics.add_source(slo.collect_metrics)
         metrics.add_source(lambda: _quota_metrics(quotas))
+        metrics.add_source(lambda: _prefix_cache_metrics(registry, router))
         app[GATEWAY] = Gateway(
             settings=settings, registry=registry, metrics=metrics, redis=redis, store=store,
             auth=auth, upstream=upstream, router=router, quotas=quotas, slo=slo,
@@ -198,6 +199,28 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             await redis.aclose()
 
     app.cleanup_ctx.append(lifecycle)
+
+
+def _prefix_cache_metrics(registry: BackendRegistry, router: Router) -> Iterator[object]:
+    """Per backend: prompt tokens of responses that reported their cache use, the cached
+    tokens routing expected there and those the engine reported, and the approximate index's
+    claim lifetime (shortened by reported misses)."""
+    backends = registry.backends
+    for name, help_text, attribute in (
+            ("switchyard_backend_reported_prompt_tokens",
+             "Prompt tokens of responses that reported their cached tokens.", "num_prompt_tokens"),
+            ("switchyard_backend_expected_cached_tokens",
+             "Cached prompt tokens routing expected on the backend (those responses).",
+             "num_expected_cached_tokens"),
+            ("switchyard_backend_reported_cached_tokens",
+             "Cached prompt tokens the backend reported (usage.prompt_tokens_details).",
+             "num_reported_cached_tokens")):
+        yield counter_family(name, help_text, "backend",
+                             {b.name: float(getattr(b.cache_feedback, attribute))
+                              for b in backends})
+    yield gauge_family("switchyard_backend_approx_claim_ttl_seconds",
+                       "How long the approximate prefix index trusts the backend's claims.",
+                       "backend", {b.name: router.approx_index.ttl_for(b.name) for b in backends})
 
 
 def _quota_metrics(quotas: QuotaStore) -> Iterator[object]:

@@ -20,7 +20,7 @@ from backends.upstream import RETRYABLE_STATUSES, Opened, UpstreamFailure
 from gateway.admit import QuotaTicket, admit_quota, finish_quota, output_tokens_from, renew_lease
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, error_body
-from gateway.router import RoutePlan
+from gateway.router import RoutePlan, reported_cache_usage
 from gateway.slo import TIER_HEADER
 from gateway.telemetry import REQUEST_TRACE, TELEMETRY
 from gateway.validation import CompletionRequest, parse_completion_body
@@ -181,6 +181,10 @@ async def _forward(
             return await _relay_stream(request, gw, opened, ticket)
         return await _relay_body(request, gw, opened, ticket)
     finally:
+        if upstream.status == 200:
+            usage = reported_cache_usage(trace.tail)
+            if usage is not None:
+                router.learn(opened.backend, plan, *usage)
         router.finished(opened.backend, plan, had_first_token=is_sse)
         opened.response.close()
 

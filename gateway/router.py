@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from math import inf
 from typing import Any
 
 from admission.headroom import backend_free_slots
@@ -40,6 +42,7 @@ from routing.types import FleetSnapshot, PrefixMatch, Ranked, RouteRequest
 
 _IM_START = "<|im_start|>"
 SNAPSHOT_REUSE_S = 0.05  # the oldest reference time a snapshot is taken for
+BROKEN_WARN_EVERY_S = 300.0  # "prefix affinity is not working" at most this often per backend
 log = logging.getLogger(__name__)
 
 
@@ -54,6 +57,10 @@ class RoutePlan:
     # with a free batch slot when one exists, not into a full one's queue (overload waits in
     # the gateway, where it is ordered, not in a worker's FIFO).
     needs_free_slot: bool = False
+    # Set by started: what routing expected the backend to hold, and (approximate index) how
+    # old its claim was then, to learn from what the backend reports (``Router.learn``).
+    expected_cached_tokens: int = 0
+    claim_age_s: float | None = None
 
 
 class _SegmentCache:
@@ -106,6 +113,7 @@ class Router:
         self._segments = _SegmentCache()
         self._reference_now_s = -1.0
         self._positions_by_model: dict[str, tuple[int, dict[str, int]]] = {}
+        self._broken_warned_s: dict[str, float] = {}
         # Called with each decision the approximate index learns (to share it with replicas).
         self.on_record: Callable[[tuple[int, ...], str, float], None] | None = None
 
@@ -233,11 +241,43 @@ class Router:
         plan.pending_prefill_tokens = max(0, plan.request.num_prompt_tokens
                                           - expected_cached_tokens)
         backend.num_in_flight_prompt_tokens += plan.pending_prefill_tokens
+        plan.expected_cached_tokens = expected_cached_tokens
+        plan.claim_age_s = None
         if plan.request.char_hashes:
             now_s = time.time()
+            snapshot = plan.snapshot
+            if expected_cached_tokens > 0 and snapshot is not None and \
+                    not snapshot.prefix.is_exact:
+                depth = snapshot.prefix.num_blocks.get(backend.name, 0)
+                claim_s = self.approx_index.claim_s(plan.request.char_hashes, depth,
+                                                    backend.name)
+                plan.claim_age_s = None if claim_s is None else now_s - claim_s
             self.approx_index.record(plan.request.char_hashes, backend.name, now_s)
             if self.on_record is not None:
                 self.on_record(plan.request.char_hashes, backend.name, now_s)
+
+    def learn(self, backend: Backend, plan: RoutePlan, num_prompt_tokens: int,
+              num_cached_tokens: int) -> None:
+        """What ``backend`` reported it had cached of this request's prompt: kept in its
+        books, and fed back to the approximate index when the expectation came from there (a
+        miss shortens that backend's claim lifetime at once: ``ApproxPrefixIndex.observe``)."""
+        expected = min(plan.expected_cached_tokens, num_prompt_tokens)
+        feedback = backend.cache_feedback
+        feedback.add(num_prompt_tokens, expected, num_cached_tokens)
+        claim_age_s = plan.claim_age_s
+        if claim_age_s is not None and expected >= 2 * self.block_size:
+            self.approx_index.observe(backend.name, claim_age_s,
+                                      is_hit=num_cached_tokens >= expected // 2)
+        if feedback.is_broken():
+            now_s = time.monotonic()
+            if now_s - self._broken_warned_s.get(backend.name, -inf) >= BROKEN_WARN_EVERY_S:
+                self._broken_warned_s[backend.name] = now_s
+                expected_ratio, reported_ratio = feedback.hit_ratios()
+                log.warning(
+                    "prefix affinity is not working on backend %s: routing expected %.0f%% of "
+                    "prompt tokens cached there, it reports %.0f%% (is prefix caching on? is "
+                    "its KV cache large enough for the traffic?)", backend.name,
+                    100 * expected_ratio, 100 * reported_ratio)
 
     def first_token(self, backend: Backend, plan: RoutePlan) -> None:
         backend.num_in_flight_prompt_tokens -= plan.pending_prefill_tokens
@@ -248,6 +288,21 @@ class Router:
         backend.num_finished_since_load += 1
         if not had_first_token:
             backend.num_in_flight_prompt_tokens -= plan.pending_prefill_tokens
+
+
+_PROMPT_TOKENS_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_CACHED_TOKENS_RE = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+
+
+def reported_cache_usage(tail: bytes) -> tuple[int, int] | None:
+    """(prompt tokens, cached tokens) from the usage object at the end of a response (its
+    last 4 KiB: a body, or a stream's last events); None when the engine did not say."""
+    tail = tail[-4096:]
+    cached = _CACHED_TOKENS_RE.search(tail)
+    prompt = _PROMPT_TOKENS_RE.search(tail)
+    if cached is None or prompt is None:
+        return None
+    return int(prompt.group(1)), int(cached.group(1))
 
 
 def _with_free_slots(snapshot: FleetSnapshot) -> FleetSnapshot:

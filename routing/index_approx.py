@@ -15,6 +15,13 @@ recorded there:
   recorded block (LRU; a chain's tail before its root), O(1) each. Memory: O(max_entries *
   holders), roughly 300 bytes per block with one holder.
 
+**Feedback.** The index cannot see evictions, but every response says how much of its prompt
+was really cached (``usage.prompt_tokens_details.cached_tokens``). :meth:`observe` takes that
+for a claim of a known age: a miss means the backend evicted what was claimed that long ago,
+so its claims as old as that are ignored at once (its claim lifetime shrinks to the missed
+claim's age: under LRU, older ones are gone too); a hit at an age near the lifetime lets it
+grow back, up to ``ttl_s``. O(1); :meth:`ttl_for` says a backend's current lifetime.
+
 Replicas share what they learned (the Redis I/O is ``backends/``' job): :meth:`entries`
 exports ``(hash, backend, recorded_s)`` triples, :meth:`merge` folds another replica's in,
 keeping the latest time per (hash, backend), so replicas that exchange entries converge.
@@ -36,6 +43,7 @@ from itertools import islice
 from routing.types import PrefixMatch
 
 Entry = tuple[int, str, float]  # (character-block hash, backend, recorded_s)
+MIN_TTL_S = 1.0  # the shortest claim lifetime feedback can teach
 _NEVER = -float("inf")
 
 
@@ -54,6 +62,34 @@ class ApproxPrefixIndex:
         self.max_entries = max_entries
         self.block_tokens = block_tokens  # estimated tokens per character block
         self._blocks: OrderedDict[int, dict[str, float]] = OrderedDict()
+        # Claim lifetimes shorter than ttl_s, learned from what backends reported (observe).
+        self._ttl_by_backend: dict[str, float] = {}
+
+    def ttl_for(self, backend: str) -> float:
+        """How long ``backend``'s claims count: ``ttl_s`` unless feedback shortened it."""
+        return self._ttl_by_backend.get(backend, self.ttl_s)
+
+    def observe(self, backend: str, claim_age_s: float, is_hit: bool) -> None:
+        """What ``backend`` reported for a claim recorded ``claim_age_s`` before: a miss
+        shortens its claims' lifetime to that age (at least ``MIN_TTL_S``), a hit within 20 %
+        of the lifetime lengthens it by a quarter (at most ``ttl_s``)."""
+        ttl_s = self.ttl_for(backend)
+        age_s = max(0.0, claim_age_s)
+        if not is_hit:
+            ttl_s = max(MIN_TTL_S, min(ttl_s, age_s))
+        elif age_s >= 0.8 * ttl_s:
+            ttl_s = min(self.ttl_s, max(ttl_s, age_s) * 1.25)
+        if ttl_s >= self.ttl_s:
+            self._ttl_by_backend.pop(backend, None)
+        else:
+            self._ttl_by_backend[backend] = ttl_s
+
+    def claim_s(self, char_hashes: Sequence[int], num_blocks: int, backend: str) -> float | None:
+        """When ``backend``'s claim on the ``num_blocks``-th block of the chain was recorded."""
+        if not 0 < num_blocks <= len(char_hashes):
+            return None
+        holders = self._blocks.get(char_hashes[num_blocks - 1])
+        return None if holders is None else holders.get(backend)
 
     def __len__(self) -> int:
         """Blocks held (each with one or more backends' claims)."""
@@ -81,6 +117,8 @@ class ApproxPrefixIndex:
 
     def match(self, char_hashes: Sequence[int], now_s: float) -> PrefixMatch:
         """For each backend, how many leading blocks of ``char_hashes`` it holds unexpired."""
+        if self._ttl_by_backend:
+            return self._match_per_backend(char_hashes, now_s)
         num_blocks: dict[str, int] = {}
         oldest_s = now_s - self.ttl_s
         get = self._blocks.get
@@ -109,8 +147,33 @@ class ApproxPrefixIndex:
             num_blocks[name] = depth
         return PrefixMatch(num_blocks, self.block_tokens, is_exact=False)
 
+    def _match_per_backend(self, char_hashes: Sequence[int], now_s: float) -> PrefixMatch:
+        """``match`` with some backends' claims living shorter than ``ttl_s``."""
+        ttl_for = self.ttl_for
+        get = self._blocks.get
+        first = get(char_hashes[0]) if char_hashes else None
+        oldest = {n: now_s - ttl_for(n) for n in first} if first else {}
+        alive = [n for n, t in first.items() if t >= oldest[n]] if first else []
+        num_blocks: dict[str, int] = {}
+        depth = 1
+        for holders in map(get, islice(char_hashes, 1, None)) if alive else ():
+            if holders is None:
+                break
+            dropped = [n for n in alive if holders.get(n, _NEVER) < oldest[n]]
+            if dropped:
+                for name in dropped:
+                    num_blocks[name] = depth
+                alive = [n for n in alive if n not in dropped]
+                if not alive:
+                    break
+            depth += 1
+        for name in alive:
+            num_blocks[name] = depth
+        return PrefixMatch(num_blocks, self.block_tokens, is_exact=False)
+
     def remove_backend(self, backend: str) -> None:
         """Forget every claim of ``backend``. O(entries)."""
+        self._ttl_by_backend.pop(backend, None)
         blocks = self._blocks
         for h in [h for h, holders in blocks.items() if backend in holders]:
             holders = blocks[h]

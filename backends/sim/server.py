@@ -65,6 +65,7 @@ def create_app(worker: SimWorker, tokenizer: Tokenizer) -> web.Application:
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/sim/profile", _profile)
+    app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)
     return app
 
 
@@ -216,6 +217,16 @@ async def _profile(request: web.Request) -> web.Response:
             "load": worker.load(), "num_steps": worker.num_steps,
             "total_lateness_s": worker.total_lateness_s, "max_lateness_s": worker.max_lateness_s}
     return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+async def _reset_prefix_cache(request: web.Request) -> web.Response:
+    """vLLM's endpoint: forget every cached prefix, refused while requests hold KV."""
+    if not request.app[WORKER].core.block_manager.reset_prefix_cache():
+        body = orjson.dumps({"error": {
+            "message": "Requests are holding KV blocks; retry when the engine is idle.",
+            "type": "conflict", "param": None, "code": "busy"}})
+        return web.Response(status=409, body=body, content_type="application/json")
+    return web.Response(body=b'{"reset":true}', content_type="application/json")
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -217,3 +217,44 @@ def test_admission_fit_is_per_request(uncached: int, admitted: bool) -> None:
                            uncached_tokens=uncached, max_tokens=64)
     decision = decide(req, snapshot(full), TtftPredictor(), NOW_S)
     assert (decision.action == "admit") is admitted, decision
+
+
+class _LatePredictor(TtftPredictor):
+    def margin_s(self, backend: BackendState | str) -> float:
+        return 0.4
+
+
+def test_the_predictors_lateness_counts_against_the_slo() -> None:
+    """0.2 s predicted, but first tokens came 0.4 s later than predicted lately: an
+    interactive request (0.5 s SLO) is not admitted on the bare prediction."""
+    req = AdmissionRequest(tier=TIERS["interactive"], tenant="t", prompt_tokens=2000,
+                           uncached_tokens=2000)
+    snap = snapshot(backend("w0", profile=BackendProfile(max_batch=8)))
+    assert decide(req, snap, TtftPredictor(), NOW_S).action == "admit"
+    assert decide(req, snap, _LatePredictor(), NOW_S).action != "admit"
+
+
+@pytest.mark.parametrize(
+    ("queued", "reserved", "rate", "retry_after_s"),
+    [
+        pytest.param(0, 0, 0.0, 1.0, id="rate-unknown-minimum"),
+        pytest.param(5, 2, 4.0, 2.0, id="eight-starts-at-four-per-s"),
+        pytest.param(30, 0, 1.0, 31.0, id="long-queue"),
+        pytest.param(500, 0, 1.0, 60.0, id="capped"),
+    ],
+)
+def test_retry_after_of_a_saturated_fleet(queued: int, reserved: int, rate: float,
+                                          retry_after_s: float) -> None:
+    full = backend("w0", num_running=8, profile=BackendProfile(max_batch=8))
+    req = AdmissionRequest(tier=TIERS["interactive"], tenant="t", prompt_tokens=100,
+                           arrival_s=NOW_S - 10)  # its SLO long gone: refused, not queued
+    decision = decide(req, snapshot(full), TtftPredictor(), NOW_S, num_queued_ahead=queued,
+                      reserved_slots=reserved, slot_free_rate_per_s=rate)
+    assert decision.action == "reject"
+    assert decision.retry_after_s == pytest.approx(retry_after_s)
+
+
+def test_retry_after_of_an_expired_queue_wait() -> None:
+    decision = reject_expired(TIERS["standard"], NOW_S - 3, NOW_S, num_queued_ahead=19,
+                              slot_free_rate_per_s=5.0)
+    assert decision.retry_after_s == pytest.approx(4.0)

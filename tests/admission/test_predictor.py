@@ -138,3 +138,43 @@ def test_deterministic() -> None:
         return tuple(predictor.predict_s("w0", sample(rng)) for _ in range(10))
 
     assert run() == run()
+
+
+@pytest.mark.parametrize(
+    ("b", "num_ahead"),
+    [
+        pytest.param(backend(num_waiting=3), 3, id="engine-queue"),
+        pytest.param(backend(num_waiting=1, num_in_flight=12,
+                             profile=BackendProfile(max_batch=8)), 4,
+                     id="gateway-in-flight-beyond-max-batch"),
+        pytest.param(backend(age_s=STALE_S, num_waiting=9, num_in_flight=10,
+                             profile=BackendProfile(max_batch=8)), 2, id="stale-own-count"),
+        pytest.param(backend(age_s=STALE_S, num_waiting=9), 0, id="stale-unknown"),
+    ],
+)
+def test_requests_ahead_without_a_slot(b: BackendState, num_ahead: int) -> None:
+    assert ttft_features(b, 100, max_age_s=5.0).num_ahead == num_ahead
+
+
+def test_learns_the_wait_for_a_batch_slot_from_scraped_load_alone() -> None:
+    """No queued-prefill figure (a vLLM server): the requests ahead in the engine's queue
+    still explain the TTFT, and the fit learns what each costs (0.4 s here)."""
+    rng = random.Random(5)
+    predictor = TtftPredictor()
+    for _ in range(800):
+        f = TtftFeatures(0, rng.randrange(100, 2000), rng.randrange(0, 8), rng.randrange(0, 12))
+        predictor.observe("vllm-0", f, true_ttft_s(f) + 0.4 * f.num_ahead)
+    assert predictor.coefficients("vllm-0").per_ahead_s == pytest.approx(0.4, rel=0.05)
+    f = TtftFeatures(0, 1000, 4, 10)
+    assert predictor.predict_s("vllm-0", f) == pytest.approx(true_ttft_s(f) + 4.0, rel=0.05)
+
+
+def test_margin_is_how_late_first_tokens_came_lately() -> None:
+    predictor = TtftPredictor(PredictorConfig(forgetting=1.0, prior_variance=1e-12))
+    assert predictor.margin_s("w0") == 0.0
+    f = TtftFeatures(0, 1000)
+    predicted = predictor.predict_s("w0", f)
+    for i in range(100):  # a fit that cannot move: first tokens come 0..0.99 s late
+        predictor.observe("w0", f, predicted + i / 100)
+    assert predictor.margin_s("w0") == pytest.approx(0.9, abs=0.02)
+    assert predictor.margin_s("other") == 0.0

@@ -145,3 +145,60 @@ def test_random_history_agrees_with_a_naive_model() -> None:
                 if depth:
                     expected[name] = depth
             assert matched(index, query, now_s) == expected
+
+
+def test_a_reported_miss_drops_that_backends_older_claims_at_once() -> None:
+    index = ApproxPrefixIndex(ttl_s=600.0)
+    index.record(CHAIN, "a", now_s=100.0)
+    index.record(OTHER, "a", now_s=150.0)
+    index.record(OTHER, "b", now_s=100.0)
+    assert index.claim_s(CHAIN, 8, "a") == 100.0
+    assert matched(index, CHAIN, 200.0) == {"a": 8, "b": 2}
+    # "a" served CHAIN's claim (100 s old) with nothing cached: it evicted it, and everything
+    # claimed before it too; "b" is not affected
+    index.observe("a", claim_age_s=100.0, is_hit=False)
+    assert index.ttl_for("a") == 100.0 and index.ttl_for("b") == 600.0
+    assert matched(index, CHAIN, 201.0) == {"a": 2, "b": 2}  # a's shared blocks: from 150 s
+    assert matched(index, OTHER, 201.0) == {"a": 5, "b": 5}
+    assert matched(index, OTHER, 251.0) == {"b": 5}
+
+
+def test_hits_near_the_lifetime_let_it_grow_back() -> None:
+    index = ApproxPrefixIndex(ttl_s=600.0)
+    index.observe("a", claim_age_s=40.0, is_hit=False)
+    index.observe("a", claim_age_s=5.0, is_hit=True)  # young: says nothing new
+    assert index.ttl_for("a") == 40.0
+    index.observe("a", claim_age_s=36.0, is_hit=True)
+    assert index.ttl_for("a") == 50.0
+    for _ in range(40):
+        index.observe("a", claim_age_s=index.ttl_for("a"), is_hit=True)
+    assert index.ttl_for("a") == 600.0  # back to the configured lifetime, never beyond
+    index.observe("a", claim_age_s=0.01, is_hit=False)
+    assert index.ttl_for("a") == 1.0  # the floor
+    index.remove_backend("a")
+    assert index.ttl_for("a") == 600.0
+
+
+def test_learned_lifetimes_agree_with_a_naive_model() -> None:
+    rng = random.Random(5)
+    chains = [(*chain(3, start=1), *chain(12, start=100 * k)) for k in range(1, 5)]
+    index = ApproxPrefixIndex(ttl_s=20.0)
+    claims: dict[tuple[int, str], float] = {}
+    for step in range(300):
+        now_s = step * 0.5
+        backend = rng.choice("abc")
+        hashes = rng.choice(chains)[:rng.randint(1, 15)]
+        index.record(hashes, backend, now_s)
+        claims.update({(h, backend): now_s for h in hashes})
+        if step % 7 == 0:
+            index.observe(rng.choice("abc"), rng.uniform(0, 20), is_hit=rng.random() < 0.5)
+        for query in chains:
+            expected = {}
+            for name in "abc":
+                depth = 0
+                while (depth < len(query) and claims.get((query[depth], name), -1e9)
+                       >= now_s - index.ttl_for(name)):
+                    depth += 1
+                if depth:
+                    expected[name] = depth
+            assert matched(index, query, now_s) == expected
