@@ -4,6 +4,7 @@
     GET    /admin/tenants/{id}         get           PATCH /admin/tenants/{id}     update
     DELETE /admin/tenants/{id}         disable
     POST   /admin/keys                 create (the plaintext key is in this response only)
+    POST   /admin/keys/import          store an operator-supplied key (never echoed back)
     GET    /admin/keys?tenant_id=T     list          GET /admin/keys/{id}          get
     DELETE /admin/keys/{id}            revoke
 """
@@ -12,17 +13,26 @@ from __future__ import annotations
 
 import hmac
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 import orjson
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from backends.registry import Backend
 from gateway.context import GATEWAY, Gateway
 from gateway.errors import APIError
-from gateway.keystore import ALL_MODELS, TENANT_ID_RE, Limits
+from gateway.keystore import (
+    ALL_MODELS,
+    TENANT_ID_RE,
+    Limits,
+    Tenant,
+    imported_key_problem,
+    weight_problem,
+)
 
 routes = web.RouteTableDef()
 
@@ -37,21 +47,33 @@ class LimitsBody(_Body):
     max_concurrent: int | None = Field(None, ge=1)
 
 
-class TenantCreate(_Body):
+class _WeightBody(_Body):
+    @field_validator("weight", mode="before", check_fields=False)
+    @classmethod
+    def _check_weight(cls, value: object) -> object:
+        problem = None if value is None else weight_problem(value)
+        if problem is not None:
+            raise PydanticCustomError("weight", problem)
+        return value
+
+
+class TenantCreate(_WeightBody):
     id: str | None = Field(None, pattern=TENANT_ID_RE.pattern)
     name: str = Field(min_length=1, max_length=200)
     tier: str | None = None
     models: list[str] = Field(default_factory=lambda: [ALL_MODELS])
     limits: LimitsBody | None = None
     enabled: bool = True
+    weight: float = 1.0
 
 
-class TenantUpdate(_Body):
+class TenantUpdate(_WeightBody):
     name: str | None = Field(None, min_length=1, max_length=200)
     tier: str | None = None
     models: list[str] | None = None
     limits: LimitsBody | None = None
     enabled: bool | None = None
+    weight: float | None = None
 
 
 class KeyCreate(_Body):
@@ -60,6 +82,10 @@ class KeyCreate(_Body):
     expires_at: float | None = Field(None, description="unix time")
     expires_in_s: float | None = Field(None, gt=0)
     tier: str | None = None
+
+
+class KeyImport(KeyCreate):
+    key: SecretStr
 
 
 def _admin(request: web.Request) -> Gateway:
@@ -112,7 +138,7 @@ async def create_tenant(request: web.Request) -> web.Response:
     try:
         tenant = await gw.store.create_tenant(
             name=body.name, tier=body.tier or gw.settings.default_tier, models=body.models,
-            limits=limits, tenant_id=body.id, enabled=body.enabled,
+            limits=limits, tenant_id=body.id, enabled=body.enabled, weight=body.weight,
         )
     except KeyError:
         raise APIError(409, f"Tenant {body.id!r} already exists.", code="conflict") from None
@@ -171,11 +197,9 @@ async def disable_tenant(request: web.Request) -> web.Response:
     return _json(tenant.to_json())
 
 
-@routes.post("/admin/keys")
-async def create_key(request: web.Request) -> web.Response:
-    gw = _admin(request)
-    body: KeyCreate = await _body(request, KeyCreate)
-    tenant = await _tenant_or_404(gw, body.tenant_id)
+async def _key_tenant(gw: Gateway, body: KeyCreate) -> Tenant:
+    """The tenant a new key is for, after checking the key's tier against it."""
+    tenant: Tenant = await _tenant_or_404(gw, body.tenant_id)
     _check_tier(gw, body.tier)
     if body.tier is not None:
         priority = {t.name: t.priority for t in gw.settings.tiers}
@@ -184,13 +208,47 @@ async def create_key(request: web.Request) -> web.Response:
                 f"A key may narrow its tenant's tier ({tenant.tier!r}) but not raise it to "
                 f"{body.tier!r}.", param="tier",
             )
-    expires_at = body.expires_at
+    return tenant
+
+
+def _expires_at(body: KeyCreate) -> float | None:
     if body.expires_in_s is not None:
-        expires_at = time.time() + body.expires_in_s
+        return time.time() + body.expires_in_s
+    return body.expires_at
+
+
+@routes.post("/admin/keys")
+async def create_key(request: web.Request) -> web.Response:
+    gw = _admin(request)
+    body: KeyCreate = await _body(request, KeyCreate)
+    tenant = await _key_tenant(gw, body)
     record, plaintext = await gw.store.create_key(
-        tenant.id, name=body.name, expires_at=expires_at, tier=body.tier
+        tenant.id, name=body.name, expires_at=_expires_at(body), tier=body.tier
     )
     return _json({**record.to_json(), "key": plaintext}, 201)
+
+
+@routes.post("/admin/keys/import")
+async def import_key(request: web.Request) -> web.Response:
+    """Store the digest of a key the operator supplies; the response never holds the key."""
+    gw = _admin(request)
+    body: KeyImport = await _body(request, KeyImport)
+    plaintext = body.key.get_secret_value()
+    problem = imported_key_problem(plaintext)
+    if problem is not None:
+        raise APIError.bad_request(f"Invalid 'key': the key {problem}.", param="key")
+    tenant = await _key_tenant(gw, body)
+    try:
+        record = await gw.store.import_key(
+            tenant.id, plaintext, name=body.name, expires_at=_expires_at(body), tier=body.tier
+        )
+    except KeyError as exc:
+        what = "This key's id" if plaintext.startswith("sy-") else "This key"
+        raise APIError(
+            409, f"{what} is already stored, as key {exc.args[0]!r}; a key is stored once, "
+            "even after it is revoked, so import a different one.", code="conflict", param="key",
+        ) from None
+    return _json(record.to_json(), 201)
 
 
 @routes.get("/admin/keys")
@@ -232,6 +290,16 @@ def _profile_json(backend: Backend) -> dict[str, Any]:
     return fields
 
 
+def _prefix_cache_json(backend: Backend, ttl_for: Callable[[str], float]) -> dict[str, Any]:
+    """Expected against reported cached tokens of its responses, and its claim lifetime."""
+    feedback = backend.cache_feedback
+    expected, reported = feedback.hit_ratios()
+    return {"num_responses": feedback.num_responses,
+            "expected_hit_ratio": round(expected, 4), "reported_hit_ratio": round(reported, 4),
+            "approx_claim_ttl_s": round(ttl_for(backend.name), 3),
+            "is_affinity_broken": feedback.is_broken()}
+
+
 @routes.get("/admin/fleet")
 async def get_fleet(request: web.Request) -> web.Response:
     """Every backend as routing sees it now: membership source, health, load and its age."""
@@ -251,5 +319,6 @@ async def get_fleet(request: web.Request) -> web.Response:
             "num_prefix_kv_blocks": backend.num_prefix_kv_blocks,
             "num_in_flight": backend.num_in_flight, "load_source": backend.load_source,
             "profile": _profile_json(backend),
+            "prefix_cache": _prefix_cache_json(backend, gw.router.approx_index.ttl_for),
         })
     return _json({"object": "list", "routing_profile": gw.router.profile.name, "data": data})

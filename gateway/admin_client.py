@@ -1,9 +1,14 @@
-"""`switchyard tenants ...` and `switchyard keys ...`: thin httpx wrappers over the admin API."""
+"""`switchyard tenants ...` and `switchyard keys ...`: thin httpx wrappers over the admin API.
+
+`keys import` reads the key from a file or stdin, never from argv, which `ps` shows to everyone.
+"""
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -32,6 +37,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     create.add_argument("--id", help="tenant id (lower-case letters, digits, - and _)")
     create.add_argument("--tier", help="SLO class, e.g. interactive, standard, batch")
     create.add_argument("--models", help="comma-separated model allowlist ('*' for all)")
+    _weight_arg(create)
     _limit_args(create)
     tsub.add_parser("list", help="list tenants")
     get = tsub.add_parser("get", help="show one tenant")
@@ -42,6 +48,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     update.add_argument("--tier")
     update.add_argument("--models")
     update.add_argument("--enable", dest="enabled", action="store_const", const=True)
+    _weight_arg(update)
     _limit_args(update)
     disable = tsub.add_parser("disable", help="disable a tenant (its keys stop working)")
     disable.add_argument("tenant_id")
@@ -53,12 +60,64 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     kcreate.add_argument("--name", default="")
     kcreate.add_argument("--expires-in-s", type=float)
     kcreate.add_argument("--tier", help="narrow the tenant's tier for this key")
+    kimport = ksub.add_parser(
+        "import", help="store a key from another gateway (read from stdin or --key-file)")
+    kimport.add_argument("--tenant", required=True)
+    kimport.add_argument("--key-file", help="file holding the key (default: stdin)")
+    kimport.add_argument("--key", dest="key_in_argv", help=argparse.SUPPRESS)
+    kimport.add_argument("--name", default="")
+    kimport.add_argument("--expires-in-s", type=float)
+    kimport.add_argument("--tier", help="narrow the tenant's tier for this key")
     klist = ksub.add_parser("list", help="list keys (never their secrets)")
     klist.add_argument("--tenant")
     revoke = ksub.add_parser("revoke", help="revoke a key (every gateway stops accepting it)")
     revoke.add_argument("key_id")
     for parser in (*tsub.choices.values(), *ksub.choices.values()):
         add_admin_arguments(parser)
+
+
+def _weight_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--weight", type=_finite_float,
+        help="share of its tier's queue relative to other tenants (default 1; 2 is twice)",
+    )
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def _read_key(args: argparse.Namespace) -> str | None:
+    """The key to import, from --key-file or stdin (prompted, unechoed, on a terminal)."""
+    if args.key_in_argv is not None:
+        print("error: the key is never taken from the command line, where ps shows it to "
+              "everyone; pipe it on stdin or pass --key-file", file=sys.stderr)
+        return None
+    try:
+        if args.key_file:
+            with open(args.key_file, encoding="utf-8") as file:
+                key = file.read()
+        elif sys.stdin.isatty():
+            key = getpass.getpass("Key to import (not shown): ")
+        else:
+            key = sys.stdin.read()
+    except OSError as exc:  # strerror alone: the "file name" may be a mistyped key
+        print(f"error: cannot read the key: {exc.strerror}", file=sys.stderr)
+        return None
+    except UnicodeDecodeError:
+        print("error: cannot read the key: it is not UTF-8 text", file=sys.stderr)
+        return None
+    key = key.strip()
+    if not key:
+        print("error: no key given: pipe it on stdin or pass --key-file", file=sys.stderr)
+        return None
+    return key
 
 
 def _limit_args(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +140,10 @@ def run(command: str, args: argparse.Namespace) -> int:
         print("error: pass --admin-token or set SWITCHYARD_ADMIN_TOKEN", file=sys.stderr)
         return 2
     method, path, body = _request_for(command, args)
+    if command == "keys" and args.action == "import":
+        if (key := _read_key(args)) is None:
+            return 2
+        body["key"] = key
     headers = {"Authorization": f"Bearer {args.admin_token}"}
     try:
         response = httpx.request(
@@ -111,6 +174,8 @@ def _request_for(command: str, args: argparse.Namespace) -> tuple[str, str, Any]
                 body["tier"] = args.tier
             if args.models:
                 body["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
+            if args.weight is not None:
+                body["weight"] = args.weight
             if limits := _limits(args):
                 body["limits"] = limits
             return "POST", "/admin/tenants", body
@@ -122,17 +187,19 @@ def _request_for(command: str, args: argparse.Namespace) -> tuple[str, str, Any]
             body = {k: getattr(args, k) for k in ("name", "tier", "enabled") if getattr(args, k)}
             if args.models:
                 body["models"] = [m.strip() for m in args.models.split(",") if m.strip()]
+            if args.weight is not None:  # 0 is an error to report, not "leave it"
+                body["weight"] = args.weight
             if limits := _limits(args):
                 body["limits"] = limits
             return "PATCH", f"/admin/tenants/{args.tenant_id}", body
         return "DELETE", f"/admin/tenants/{args.tenant_id}", None
-    if action == "create":
+    if action in ("create", "import"):
         body = {"tenant_id": args.tenant, "name": args.name}
         if args.expires_in_s is not None:  # 0 is an error, not "never expires"
             body["expires_in_s"] = args.expires_in_s
         if args.tier:
             body["tier"] = args.tier
-        return "POST", "/admin/keys", body
+        return "POST", "/admin/keys" + ("/import" if action == "import" else ""), body
     if action == "list":
         query = f"?tenant_id={args.tenant}" if args.tenant else ""
         return "GET", f"/admin/keys{query}", None

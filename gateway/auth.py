@@ -5,6 +5,10 @@ entries the moment a key is created or revoked or a tenant changes, on every rep
 subscription breaks, the whole cache is dropped on reconnect, so no revocation is ever missed for
 longer than the reconnect takes.
 
+A ``sy-`` key is cached under its key id. An imported key without one is cached under its digest
+and found through the store's digest index; both then take the same checks: the digest compared
+in constant time, revocation, expiry, the tenant.
+
 Example::
 
     auth = Authenticator(store, redis, ttl_s=30)
@@ -24,13 +28,25 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.errors import APIError
-from gateway.keystore import INVALIDATION_CHANNEL, ApiKey, KeyStore, Tenant, parse_key
+from gateway.keystore import (
+    INVALIDATION_CHANNEL,
+    ApiKey,
+    KeyStore,
+    Tenant,
+    is_imported_shape,
+    parse_key,
+)
 
 log = logging.getLogger(__name__)
 
 _MALFORMED = (
     "Malformed API key. switchyard keys look like 'sy-<16 hex>-<43 characters>'; "
     "send it as 'Authorization: Bearer <key>'."
+)
+_NO_SUCH_KEY = "Invalid API key: no such key. Check for a typo."
+_NO_SUCH_IMPORTED_KEY = (
+    "Invalid API key: no such key. switchyard keys look like 'sy-<16 hex>-<43 characters>' "
+    "unless the operator imported them; check for a typo."
 )
 
 
@@ -72,19 +88,26 @@ class Authenticator:
         scheme, _, presented = authorization.partition(" ")
         if scheme.lower() != "bearer" or not presented:
             raise APIError.unauthorized(_MALFORMED)
-        parsed = parse_key(presented.strip())
-        if parsed is None:
+        presented = presented.strip()
+        parsed = parse_key(presented)
+        digest: str | None = None
+        if parsed is not None:
+            cache_key = parsed[0]
+        elif is_imported_shape(presented):
+            digest = cache_key = self._store.digest(presented)
+        else:
             raise APIError.unauthorized(_MALFORMED)
-        key_id = parsed[0]
         now = time.monotonic()
-        entry = self._cache.get(key_id)
+        entry = self._cache.get(cache_key)
         if entry is None or now - entry.fetched_at > self._ttl_s:
-            entry = await self._fetch(key_id, entry)
+            entry = await self._fetch(cache_key, entry, by_digest=digest is not None)
         key, tenant = entry.key, entry.tenant
         # Compare digests in constant time even for unknown keys, so timing reveals nothing.
         expected = key.digest if key else "0" * 64
-        if not hmac.compare_digest(self._store.digest(presented.strip()), expected) or key is None:
-            raise APIError.unauthorized("Invalid API key: no such key. Check for a typo.")
+        if digest is None:
+            digest = self._store.digest(presented)
+        if not hmac.compare_digest(digest, expected) or key is None:
+            raise APIError.unauthorized(_NO_SUCH_KEY if parsed else _NO_SUCH_IMPORTED_KEY)
         if key.is_revoked():
             raise APIError.unauthorized("This API key has been revoked.", code="revoked_api_key")
         if key.is_expired(time.time()):
@@ -98,17 +121,22 @@ class Authenticator:
             )
         return Principal(tenant=tenant, key=key)
 
-    async def _fetch(self, key_id: str, stale: _Entry | None) -> _Entry:
-        pending = self._inflight.get(key_id)
+    async def _fetch(self, cache_key: str, stale: _Entry | None, *, by_digest: bool) -> _Entry:
+        pending = self._inflight.get(cache_key)
         if pending is not None:  # single flight: one Redis fetch per key however many wait
             return await asyncio.shield(pending)
         future: asyncio.Future[_Entry] = asyncio.get_running_loop().create_future()
-        self._inflight[key_id] = future
+        self._inflight[cache_key] = future
         try:
-            key, tenant = await self._store.lookup(key_id)
+            if by_digest:
+                key, tenant = await self._store.lookup_digest(cache_key)
+            else:
+                key, tenant = await self._store.lookup(cache_key)
         except (RedisError, OSError) as exc:
             if stale is not None:
-                log.warning("key store unreachable, serving cached key %s: %s", key_id, exc)
+                # never log a digest: without key_secret it is the key's bare SHA-256
+                label = stale.key.id if stale.key else "(unknown)" if by_digest else cache_key
+                log.warning("key store unreachable, serving cached key %s: %s", label, exc)
                 future.set_result(stale)
                 return stale
             error = APIError.unavailable("Authentication store unavailable; retry shortly.")
@@ -116,15 +144,15 @@ class Authenticator:
             future.exception()  # mark retrieved
             raise error from exc
         finally:
-            self._inflight.pop(key_id, None)
+            self._inflight.pop(cache_key, None)
         entry = _Entry(key=key, tenant=tenant, fetched_at=time.monotonic())
-        self._cache[key_id] = entry
+        self._cache[cache_key] = entry
         future.set_result(entry)
         return entry
 
     def invalidate(self, message: str) -> None:
         kind, _, ident = message.partition(" ")
-        if kind == "key":
+        if kind in ("key", "digest"):  # a key id, or an imported key's digest
             self._cache.pop(ident, None)
         elif kind == "tenant":
             for key_id in [k for k, e in self._cache.items() if e.key and e.key.tenant_id == ident]:

@@ -55,6 +55,7 @@ from routing.types import FleetSnapshot
 
 log = logging.getLogger(__name__)
 TIER_HEADER = "x-switchyard-tier"
+_ENDS = "all"  # the one key of SloAdmission.ends
 
 
 class SloAdmission:
@@ -71,6 +72,7 @@ class SloAdmission:
         self.queue = FairQueue(self.tiers.values(), queue_config)
         self.predictor = TtftPredictor()
         self.finishes = RecentFinishes()
+        self.ends = ArrivalRates(tau_s=5.0)  # requests ending: how fast slots free (Retry-After)
         # The backend each streaming request got its first token from, by the handler's task
         # (``observe_first_token`` and ``finished`` run in it): to record where a stream ended.
         self._stream_backends: dict[asyncio.Task[object], str] = {}
@@ -105,12 +107,14 @@ class SloAdmission:
             return  # nothing to wait for: routing answers 503 no_healthy_backend at once
         request = AdmissionRequest(tier=tier, tenant=principal.tenant.id,
                                    prompt_tokens=plan.request.num_prompt_tokens,
-                                   model=plan.request.model, arrival_s=now_s)
+                                   model=plan.request.model, arrival_s=now_s,
+                                   max_tokens=plan.request.max_tokens)
         self.arrivals.arrived(tier.name, now_s)
         decision = decide(request, snapshot, self.predictor, now_s,
                           num_queued_ahead=self.queue.num_ahead(tier) if len(self.queue) else 0,
                           reserved_slots=self.reserved_slots(tier, snapshot, now_s,
-                                                             plan.request.model))
+                                                             plan.request.model),
+                          slot_free_rate_per_s=self.ends.rate(_ENDS, now_s))
         if decision.action == "admit":
             plan.snapshot = snapshot  # routing reuses it: no second snapshot
             plan.snapshot_taken_s = now_s
@@ -120,7 +124,7 @@ class SloAdmission:
             raise _overloaded(tier, decision.reason, decision.retry_after_s)
         entry = QueueEntry(entry_id=request_id, tenant=principal.tenant.id, tier=tier.name,
                            cost_tokens=plan.reserved_tokens, arrival_s=now_s,
-                           deadline_s=decision.deadline_s)
+                           deadline_s=decision.deadline_s, weight=principal.tenant.weight)
         if request_id in self.queue or not self.queue.push(entry, now_s):
             self._reject_count("queue full")
             raise _overloaded(tier, "the admission queue is full", 1.0)
@@ -161,8 +165,10 @@ class SloAdmission:
         """Settle the queue's charge to the actual tokens and let the dispatcher look again."""
         task = _current_task()
         backend = self._stream_backends.pop(task, None) if task is not None else None
+        now_s = time.monotonic()
         if backend is not None:
-            self.finishes.record(backend, time.monotonic())
+            self.finishes.record(backend, now_s)
+        self.ends.arrived(_ENDS, now_s)
         if self.is_enabled:
             self.queue.charge(tenant, actual_tokens - reserved_tokens, tier)
             if len(self.queue):
@@ -186,7 +192,10 @@ class SloAdmission:
         for entry in self.queue.expire(now_s):
             waiter = self._waiters.get(entry.entry_id)
             if waiter is not None and not waiter.done():
-                decision = reject_expired(self.tiers[entry.tier], entry.arrival_s, now_s)
+                tier = self.tiers[entry.tier]
+                decision = reject_expired(tier, entry.arrival_s, now_s,
+                                          num_queued_ahead=self.queue.num_ahead(tier),
+                                          slot_free_rate_per_s=self.ends.rate(_ENDS, now_s))
                 self._reject_count("deadline passed in the queue")
                 waiter.set_exception(_overloaded(self.tiers[entry.tier], decision.reason,
                                                  decision.retry_after_s))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import uuid
@@ -11,6 +12,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import redis
 
 from tests.fleet import Gateway
 
@@ -60,6 +62,7 @@ def test_create_tenant_with_defaults(gateway: Gateway) -> None:
     assert tenant["tier"] == "standard"
     assert tenant["models"] == ["*"]
     assert tenant["enabled"] is True
+    assert tenant["weight"] == 1.0
     assert tenant["limits"] == {
         "requests_per_minute": None, "tokens_per_minute": None, "max_concurrent": None,
     }
@@ -70,7 +73,7 @@ def test_create_tenant_with_every_field_and_generated_id(gateway: Gateway) -> No
     body = {
         "name": "Batchy", "tier": "batch", "models": ["model-a", "model-b"],
         "limits": {"requests_per_minute": 60, "tokens_per_minute": 1000, "max_concurrent": 2},
-        "enabled": False,
+        "enabled": False, "weight": 2.5,
     }
     response = gateway.admin.post("/admin/tenants", json=body)
     assert response.status_code == 201, response.text
@@ -108,6 +111,24 @@ def test_duplicate_tenant_id_conflicts(gateway: Gateway) -> None:
                      id="enabled-not-bool"),
         pytest.param({"name": "x", "colour": "blue"}, "colour", "not permitted",
                      id="unknown-field"),
+        pytest.param({"name": "x", "weight": 0}, "weight", "0.001 to 1000", id="weight-zero"),
+        pytest.param({"name": "x", "weight": -2}, "weight", "0.001 to 1000",
+                     id="weight-negative"),
+        pytest.param({"name": "x", "weight": 1e9}, "weight", "0.001 to 1000", id="weight-huge"),
+        pytest.param({"name": "x", "weight": 0.0001}, "weight", "0.001 to 1000",
+                     id="weight-tiny"),
+        pytest.param(b'{"name": "x", "weight": NaN}', "weight", "0.001 to 1000",
+                     id="weight-nan"),
+        pytest.param(b'{"name": "x", "weight": Infinity}', "weight", "0.001 to 1000",
+                     id="weight-infinite"),
+        pytest.param({"name": "x", "weight": "heavy"}, "weight", "must be a number",
+                     id="weight-string"),
+        pytest.param({"name": "x", "weight": "2"}, "weight", "must be a number",
+                     id="weight-numeric-string"),
+        pytest.param({"name": "x", "weight": True}, "weight", "must be a number",
+                     id="weight-bool"),
+        pytest.param({"name": "x", "weight": [2]}, "weight", "must be a number",
+                     id="weight-list"),
         pytest.param([], None, "object", id="body-is-array"),
         pytest.param(b"{bad json", None, "JSON", id="malformed-json"),
         pytest.param(b"", None, "JSON", id="empty-body"),
@@ -161,6 +182,9 @@ def test_unknown_tenant_is_404(gateway: Gateway, method: str, path: str, body: A
                      {"limits": {"requests_per_minute": None, "tokens_per_minute": None,
                                  "max_concurrent": 3}}, id="limits"),
         pytest.param({"enabled": False}, {"enabled": False}, id="disable"),
+        pytest.param({"weight": 4}, {"weight": 4.0}, id="weight"),
+        pytest.param({"weight": 0.001}, {"weight": 0.001}, id="smallest-weight"),
+        pytest.param({"weight": 1000}, {"weight": 1000.0}, id="largest-weight"),
         pytest.param({}, {}, id="nothing"),
     ],
 )
@@ -185,6 +209,10 @@ def test_update_tenant(gateway: Gateway, change: dict[str, Any], expected: dict[
         pytest.param({"name": None}, "name", id="null-name"),
         pytest.param({"tier": None}, "tier", id="null-tier"),
         pytest.param({"enabled": None}, "enabled", id="null-enabled"),
+        pytest.param({"weight": None}, "weight", id="null-weight"),
+        pytest.param({"weight": 0}, "weight", id="zero-weight"),
+        pytest.param({"weight": 1000.5}, "weight", id="weight-over-1000"),
+        pytest.param({"weight": "x"}, "weight", id="weight-not-number"),
     ],
 )
 def test_update_tenant_rejects_bad_changes(
@@ -194,6 +222,31 @@ def test_update_tenant_rejects_bad_changes(
     response = gateway.admin.patch(f"/admin/tenants/{tenant['id']}", json=change)
     assert param in assert_error(response, 400, param)
     assert gateway.admin.get(f"/admin/tenants/{tenant['id']}").json() == tenant
+
+
+def test_tenant_stored_before_weights_loads_with_weight_1(
+    gateway: Gateway, redis_url: str
+) -> None:
+    tenant_id = new_id()
+    doc = {"id": tenant_id, "name": "from before weights", "tier": "batch", "models": ["*"],
+           "limits": {"requests_per_minute": None, "tokens_per_minute": None,
+                      "max_concurrent": None},
+           "enabled": True, "created_at": 1_700_000_000.0}
+    client = redis.Redis.from_url(redis_url)
+    client.hset(f"sy:tenant:{{{tenant_id}}}", "doc", json.dumps(doc))
+    client.sadd("sy:tenants", tenant_id)
+
+    expected = {**doc, "weight": 1.0, "object": "tenant"}
+    assert gateway.admin.get(f"/admin/tenants/{tenant_id}").json() == expected
+    listed = {t["id"]: t for t in gateway.admin.get("/admin/tenants").json()["data"]}
+    assert listed[tenant_id] == expected
+    assert models_status(gateway, gateway.create_key(tenant_id)) == 200
+
+    response = gateway.admin.patch(f"/admin/tenants/{tenant_id}", json={"weight": 3})
+    assert response.json() == {**expected, "weight": 3.0}
+    stored = json.loads(client.hget(f"sy:tenant:{{{tenant_id}}}", "doc") or b"{}")
+    client.close()
+    assert stored == {**doc, "weight": 3.0}
 
 
 def test_update_models_takes_effect_for_existing_keys(gateway: Gateway) -> None:

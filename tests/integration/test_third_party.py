@@ -5,7 +5,9 @@ loaded by what the gateway sent it, not capped as an unknown."""
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -65,3 +67,51 @@ def test_an_engine_without_load_metrics_is_loaded_by_the_gateways_books(tmp_path
             # all twelve reach the engine together (an unknown engine used to get four)
             assert wait_until(lambda: engine.stats()["in_flight"] == 12, timeout_s=5)
             assert [f.result() for f in futures] == [200] * 12
+
+
+def _expected_cached_tokens(gateway: Gateway) -> float:
+    for line in httpx.get(gateway.url + "/metrics").text.splitlines():
+        if line.startswith("switchyard_routing_expected_cached_tokens_total "):
+            return float(line.split(" ")[1])
+    raise AssertionError("no switchyard_routing_expected_cached_tokens_total in /metrics")
+
+
+def test_a_reported_miss_drops_the_approximate_claims(tmp_path: Path) -> None:
+    """The engine evicts everything (vLLM's reset_prefix_cache); the next response reports
+    no cached tokens where the approximate index expected many, and from then on the claims
+    made before it are not trusted: another prompt claimed earlier is expected uncached."""
+    with ProcessGroup() as group:
+        redis_url = start_redis(group, tmp_path)
+        _, (url,) = _start_sim(group, None, 1)
+        gateway = Gateway(group, tmp_path, redis_url, routing={"discover_workers": False},
+                          backends=[{"name": "vllm-0", "url": url, "models": [MODEL]}])
+        key = gateway.new_key()
+
+        def chat(system: str, question: str) -> dict[str, Any]:
+            response = httpx.post(gateway.url + "/v1/chat/completions", timeout=30,
+                                  headers={"Authorization": f"Bearer {key}"},
+                                  json={"model": MODEL, "max_tokens": 2, "messages": [
+                                      {"role": "system", "content": system},
+                                      {"role": "user", "content": question}]})
+            assert response.status_code == 200, response.text
+            return dict(response.json()["usage"])
+
+        first, second = "Policy one. " * 200, "Second policy text. " * 150
+        chat(first, "q1")
+        chat(second, "q1")
+        time.sleep(1.5)  # the shortest lifetime feedback teaches is 1 s: older than that
+        assert chat(first, "q2")["prompt_tokens_details"]["cached_tokens"] > 0
+        assert httpx.post(url + "/reset_prefix_cache").status_code == 200
+        before = _expected_cached_tokens(gateway)
+        missed = chat(first, "q3")
+        assert missed["prompt_tokens_details"]["cached_tokens"] == 0
+        assert _expected_cached_tokens(gateway) > before  # the index still believed it
+        (data,) = gateway.admin.get("/admin/fleet").json()["data"]
+        assert data["prefix_cache"]["approx_claim_ttl_s"] < 600
+        assert data["prefix_cache"]["reported_hit_ratio"] < data["prefix_cache"][
+            "expected_hit_ratio"]
+        before = _expected_cached_tokens(gateway)
+        chat(second, "q2")  # claimed before the miss's claim: no longer trusted
+        assert _expected_cached_tokens(gateway) == before
+        metrics = httpx.get(gateway.url + "/metrics").text
+        assert 'switchyard_backend_reported_cached_tokens_total{backend="vllm-0"}' in metrics
