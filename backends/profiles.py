@@ -8,8 +8,9 @@ places, field by field, the first that has it winning:
 1. **stated** in the configuration (``backends[].profile``): the operator knows best;
 2. **discovered** from what the engine exposes, each parser below one source:
 
-   - vLLM: ``vllm:cache_config_info`` on ``/metrics`` (``block_size``, ``num_gpu_blocks``)
-     and ``max_model_len`` on ``/v1/models``; vLLM exposes no ``max_num_seqs``, state it;
+   - vLLM: ``vllm:cache_config_info`` on ``/metrics`` (``block_size``, ``num_gpu_blocks``
+     or ``kv_cache_size_tokens``) and ``max_model_len`` on ``/v1/models``; vLLM exposes no
+     ``max_num_seqs``, state it;
    - SGLang: ``/get_server_info`` (``max_running_requests``, ``max_total_num_tokens``,
      ``page_size``, ``context_length``; top level or in ``internal_states``);
    - llama.cpp: ``/props`` (``total_slots``, the per-slot ``n_ctx``).
@@ -92,7 +93,9 @@ def parse_vllm_cache_config(metrics_text: str) -> ProfileFacts:
             labels = _labels(line)
             block_size = _int(labels.get("block_size"))
             num_blocks = _int(labels.get("num_gpu_blocks"))
-            capacity = num_blocks * block_size if num_blocks and block_size else None
+            # newer vLLM also states the capacity in tokens
+            capacity = _int(labels.get("kv_cache_size_tokens")) or (
+                num_blocks * block_size if num_blocks and block_size else None)
             return facts("vllm:/metrics", block_size=block_size, kv_capacity_tokens=capacity)
     return ProfileFacts("vllm:/metrics")
 

