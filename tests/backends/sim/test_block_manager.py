@@ -225,3 +225,20 @@ def test_reset_forgets_prefix_blocks() -> None:
     assert manager.num_prefix_blocks == 2
     assert manager.reset_prefix_cache()
     assert (manager.num_cached_blocks, manager.num_prefix_blocks) == (0, 0)
+
+
+def test_usage_counts_a_shared_block_once_as_vllm_does() -> None:
+    """vllm:kv_cache_usage_perc: blocks held by running requests; two running requests that
+    share a cached prefix hold its blocks once, and a finished request's cached blocks are
+    free (reusable) again."""
+    manager = BlockManager(num_blocks=16, block_size=BLOCK)
+    first = make("a", list(range(12)))  # 3 blocks
+    manager.allocate(first)
+    compute_all(manager, first)
+    second = make("b", [*range(12), 40, 41, 42, 43])  # the 3 shared blocks + 1 of its own
+    manager.allocate(second)
+    assert manager.usage == 4 / 16  # not 7 / 16
+    manager.deallocate(first)
+    manager.deallocate(second)
+    assert manager.usage == 0.0
+    assert manager.num_cached_blocks == 3
