@@ -13,7 +13,12 @@ Definitions (also in docs/benchmarks.md):
   admission off (plain FIFO) every request that was not rejected, since the gateway lets
   everything through and the unresolved ones sat in the workers' queues;
 - *goodput*: requests that met their tier's SLO with their first token inside the send window,
-  per second of that window (so a backlog served during the drain does not count).
+  per second of that window (so a backlog served during the drain does not count);
+- *longest gap*: a tier's longest stretch of the send window (from its first request on) with
+  no first token of it: how close the tier came to starving;
+- *retries* (`retry_figures`): of the first retries of refused requests, the share admitted
+  (not refused again, and not still waiting with no first token at the cut-off) and the share
+  with a first token within the tier's TTFT SLO, timed from the retry's own send.
 
 Example::
 
@@ -24,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -128,6 +134,18 @@ def late_admitted(records: Sequence[Record], slo: Slo | None, is_fifo: bool
             "max_ttft_ms": max(late) * 1000 if late else None}
 
 
+def longest_gap_s(records: Sequence[Record], window_s: float) -> float | None:
+    """The longest stretch of ``[first request, window_s]`` without a first token of
+    ``records``; None for no requests in the window."""
+    starts = [r.sent_at_s for r in records if r.sent_at_s <= window_s]
+    if not starts:
+        return None
+    firsts = sorted(at for r in records if r.is_ok
+                    and (at := _first_token_at_s(r)) is not None and at <= window_s)
+    edges = [min(starts), *firsts, window_s]
+    return max(later - earlier for earlier, later in itertools.pairwise(edges))
+
+
 def tier_figures(records: Sequence[Record], slo: Slo | None, window_s: float,
                  is_fifo: bool) -> dict[str, Any]:
     """The figures of one tier (or of all requests, with ``slo`` None meaning each its own)."""
@@ -149,6 +167,9 @@ def tier_figures(records: Sequence[Record], slo: Slo | None, window_s: float,
         "statuses": dict(Counter("200" if r.is_ok else error_kind(r) for r in records)),
         "num_rejected_while_pending": num_rejected_while_pending(records),
         "late_admitted": late_admitted(records, slo, is_fifo),
+        "longest_gap_s": longest_gap_s(records, window_s),
+        "num_first_tokens_in_window": sum(r.is_ok and (at := _first_token_at_s(r)) is not None
+                                          and at <= window_s for r in records),
     }
 
 
@@ -200,3 +221,36 @@ def run_figures(records: Sequence[Record], slos: Mapping[str, Slo],
                                             demanded_tokens, heavy) for tier in slos},
         "max_lag_ms": max((r.lag_s for r in records), default=0.0) * 1000,
     }
+
+
+def retry_figures(first: Sequence[Record], retries: Mapping[int, Record],
+                  slos: Mapping[str, Slo], retrying_tiers: Sequence[str]) -> dict[str, Any]:
+    """The first retries of refused requests, over all ``retrying_tiers`` and per tier: how
+    many refusals there were, how many were retried, and of the retries the share admitted
+    and the share within the tier's TTFT SLO; how late each left against its Retry-After."""
+
+    def figures(tiers: Sequence[str]) -> dict[str, Any]:
+        refused = [r for r in first if r.tier in tiers and is_rejected(r)]
+        tried = [retries[r.index] for r in refused if r.index in retries]
+        num_admitted = sum(is_admitted(r, is_fifo=False) for r in tried)
+        num_met = sum(meets_slo(r, slos.get(r.tier)) for r in tried)
+        lags_s = [r.lag_s for r in tried if r.e2e_s is not None]  # sent and answered
+        waits_s = [r.retry_after_s for r in refused if r.retry_after_s is not None]
+        return {
+            "num_refused": len(refused),
+            "num_with_retry_after": len(waits_s),
+            "num_retried": len(tried),
+            "num_admitted": num_admitted,
+            "num_refused_again": sum(is_rejected(r) for r in tried),
+            "num_unresolved": sum(is_unresolved(r) for r in tried),
+            "num_met_slo": num_met,
+            "admitted_share": _share(num_admitted, len(tried)),
+            "met_slo_share": _share(num_met, len(tried)),
+            "retry_after_s": {"min": min(waits_s, default=None),
+                              "max": max(waits_s, default=None)},
+            "lag_ms_max": max(lags_s) * 1000 if lags_s else None,
+            "ttft_ms": _ms([r.ttft_s for r in tried if r.is_ok and r.ttft_s is not None]),
+        }
+
+    return {"tiers": list(retrying_tiers), **figures(retrying_tiers),
+            "by_tier": {tier: figures([tier]) for tier in retrying_tiers}}

@@ -1,13 +1,18 @@
 """Processes of the admission benchmark: a private Redis, engines, gateways; and what they say.
 
 ``Fleet`` holds one Redis and a `ProcessGroup`; engines (simulated workers joining through Redis
-heartbeats, or a zero-delay mock engine listed in the configuration) and gateways are started
-into it. Every gateway shares the admin token and key secret, so tenants and keys made through
-one work through all. Example::
+heartbeats, the same workers without Redis for a third-party fleet (`bench.fleet_modes`), or a
+zero-delay mock engine listed in the configuration) and gateways are started into it. Every
+gateway shares the admin token and key secret, so tenants and keys made through one work
+through all. Example::
 
     with Fleet(workdir) as fleet:
         workers = fleet.start_sim(4, max_batch=4, speed_factor=0.25)
         off, on = fleet.start_gateways([False, True])
+        # third-party: no heartbeats; the gateways list the engines and discover nothing else
+        urls = fleet.start_sim(4, has_redis=False, max_batch=4, speed_factor=0.25)
+        off, on = fleet.start_gateways([False, True], static_backends(urls, SIM_MODEL),
+                                       routing={"discover_workers": False})
         keys = provision(off.url, fleet.admin_token, ["t0", "t1"], ["interactive", "batch"])
         by_label(scrape(on.url + "/metrics"), "switchyard_admission_rejections_total")
 """
@@ -76,15 +81,18 @@ class Fleet:
                  tb: TracebackType | None) -> None:
         self.group.stop_all(grace_s=5)
 
-    def start_sim(self, num_workers: int, **profile: float | int) -> list[str]:
-        """Simulated workers that join through Redis heartbeats; their base URLs."""
+    def start_sim(self, num_workers: int, has_redis: bool = True,
+                  **profile: float | int) -> list[str]:
+        """Simulated workers, joining through Redis heartbeats (``has_redis``) or not a word to
+        Redis (a third-party fleet); their base URLs once they answer."""
         base = free_port_range(num_workers)
         flags = [item for name, value in profile.items()
                  for item in ("--" + name.replace("_", "-"), str(value))]
+        if has_redis:
+            flags += ["--redis-url", self.redis_url, "--heartbeat-interval-s", "0.5"]
         self.group.spawn("sim", python_module_argv(
             "backends.sim", "--workers", str(num_workers), "--base-port", str(base),
-            "--model", SIM_MODEL, "--tokenizer", "approx", "--redis-url", self.redis_url,
-            "--heartbeat-interval-s", "0.5", *flags))
+            "--model", SIM_MODEL, "--tokenizer", "approx", *flags))
         urls = [f"http://127.0.0.1:{base + i}" for i in range(num_workers)]
         for url in urls:
             wait_http(url + "/health", timeout_s=60, group=self.group)
@@ -100,9 +108,11 @@ class Fleet:
         return {"name": "mock-0", "url": url, "models": [MOCK_MODEL]}
 
     def start_gateways(self, modes: Sequence[bool], backends: Sequence[Mapping[str, Any]] = (),
-                       admission: Sequence[Mapping[str, Any]] = ()) -> list[GatewayProc]:
+                       admission: Sequence[Mapping[str, Any]] = (),
+                       routing: Mapping[str, Any] | None = None) -> list[GatewayProc]:
         """One gateway per entry of ``modes`` (SLO admission on or off), started together;
-        ``admission`` (if given, one per gateway) adds settings to each one's ``admission``."""
+        ``admission`` (if given, one per gateway) adds settings to each one's ``admission``,
+        ``routing`` (if given) is every gateway's ``routing``."""
         started = []
         extras = list(admission) or [{}] * len(modes)
         for slo_enabled, extra in zip(modes, extras, strict=True):
@@ -115,6 +125,8 @@ class Fleet:
                 "backends": list(backends), "log_level": "warning",
                 "admission": {"slo_enabled": slo_enabled, **extra},
             }
+            if routing is not None:
+                config["routing"] = dict(routing)
             path = self.workdir / f"{name}.yaml"
             path.write_text(yaml.safe_dump(config, sort_keys=False))
             path.chmod(0o600)

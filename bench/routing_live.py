@@ -1,34 +1,48 @@
-"""Issue 4, live: routing profiles compared on fresh simulated fleets, in one run.
+"""Issue 4, live: routing profiles compared on fresh simulated fleets, in one run, on an own
+fleet and on a third-party one.
 
 For each profile (round_robin, least_load, random, prefix_affinity with the approximate index,
 prefix_affinity with the exact index) a fresh fleet is started (redis, ``--workers`` simulated
-workers that join through Redis, a gateway with that profile and SLO admission off) and driven
-open-loop (Poisson) with ANCHORS.md's shared-prefix workload (24 tenants, one 1.5-3k-token
-system prompt each, Zipf popularity, unique 50-200-token questions, streaming) at ~75% of
-round-robin's capacity. Each worker's KV cache is a set share of the 24 system prompts' working
-set (``--kv-fraction``, default KV_FRACTION): cache pressure like ANCHORS.md's, where
-round-robin misses on about a third of the prompt tokens. ``--kv-fraction default`` gives the
-sim's 24,576 blocks, where every worker holds every prompt: no cache pressure. Then: the
-multi-turn workload (round_robin vs both prefix_affinity variants); the hot-prefix experiment
-(one group carries 30% of the traffic at a rate where its single holder would saturate,
-against a uniform workload at the same rate); and KV pressure (each worker's KV = 25% and 100%
-of the working set), exact vs approximate index, round_robin as a reference.
+workers, a gateway with that profile and SLO admission off) and driven open-loop (Poisson) with
+ANCHORS.md's shared-prefix workload (24 tenants, one 1.5-3k-token system prompt each, Zipf
+popularity, unique 50-200-token questions, streaming) at ~75% of round-robin's capacity. Each
+worker's KV cache is a set share of the 24 system prompts' working set (``--kv-fraction``,
+default KV_FRACTION): cache pressure like ANCHORS.md's, where round-robin misses on about a
+third of the prompt tokens. ``--kv-fraction default`` gives the sim's 24,576 blocks, where
+every worker holds every prompt: no cache pressure. Then: the multi-turn workload (round_robin
+vs both prefix_affinity variants; also the share of turns kept on the previous turn's worker);
+the hot-prefix experiment (one group carries 30% of the traffic at a rate where its single
+holder would saturate, against a uniform workload at the same rate); and KV pressure (each
+worker's KV = 25% and 100% of the working set), exact vs approximate index, round_robin as a
+reference (`bench.routing_live_experiments`).
+
+**Modes** (``--mode``, `bench.fleet_modes`; default ``both``). *own*: the workers join the
+gateway by heartbeat and publish KV events (the exact index exists). *third-party*: the same
+engines without Redis, listed in the gateway's ``backends:`` with worker discovery off, no
+tokenizer and no stated profile, so the gateway knows only what it scrapes (``/metrics``,
+``/v1/models``) and its own books; profiles ``--third-party-profiles`` (default round_robin and
+prefix_affinity (approx): there is no exact index). Each profile's runs in the two modes go
+back to back, at the same rate; the report sets them side by side with the ratio third-party /
+own of TTFT p90, p99 and cached share (target: within 10 %; `bench.routing_live_compare`).
 
 **Calibration.** At the same worker KV, round-robin's capacity C is the throughput of a
 closed loop with 16 requests in flight per worker (``--calibration-concurrency``): requests
 finished within its ``--calibration-s``, per second; every engine is busy ~100% of the time
-there (reported). The main rate is 0.75 C. The hot-prefix rate makes the hot group alone offer
-1.2x one worker's share of C, within [0.75 C, C]: ``1.2 C / (workers * 0.3)`` = C for 4
-workers. With ``--rate R`` there is no calibration and C = R / 0.75. Figures:
-`bench.routing_live_figures`. Run it under the shared lock::
+there (reported). It runs once, on the own fleet (the third-party one with ``--mode
+third-party``), and both modes use its rates. The main rate is 0.75 C. The hot-prefix rate
+makes the hot group alone offer 1.2x one worker's share of C, within [0.75 C, C]:
+``1.2 C / (workers * 0.3)`` = C for 4 workers. With ``--rate R`` there is no calibration and
+C = R / 0.75. Figures: `bench.routing_live_figures`. Run it under the shared lock::
 
-    flock /tmp/switchyard-bench.lock .venv/bin/python -m bench.routing_live   # ~15 minutes
+    flock /tmp/switchyard-bench.lock .venv/bin/python -m bench.routing_live   # ~35 minutes
+    flock /tmp/switchyard-bench.lock .venv/bin/python -m bench.routing_live --mode own
     .venv/bin/python -m bench.routing_live --quick --profiles round_robin,prefix_affinity:exact
     .venv/bin/python -m bench.routing_live --rate 30 --experiments shared-prefix,hot-prefix
     .venv/bin/python -m bench.routing_live --kv-fraction default --experiments shared-prefix
 
-The JSON goes to ``--out`` (default ``bench/results/routing-live-TIME.json``); the tables
-(``bench.routing_live_report``) are printed.
+The JSON goes to ``--out`` (default ``bench/results/routing-live-TIME.json``): the calibration
+and rates, then each mode's runs under ``own`` and ``third_party``, the comparison and the
+targets; the tables (``bench.routing_live_compare``) are printed.
 """
 
 from __future__ import annotations
@@ -40,16 +54,18 @@ import re
 import resource
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bench.fleet_modes import MODE_CHOICES, Mode, key_of, parse_modes
 from bench.procstat import busy_cpu_seconds, cpu_seconds
+from bench.routing_live_compare import all_verdicts, comparison, document_markdown
 from bench.routing_live_drive import Load, drive, make_tenants
+from bench.routing_live_experiments import run_experiments
 from bench.routing_live_figures import ideal_per_request, run_figures
 from bench.routing_live_fleet import FleetSpec, routing_fleet
-from bench.routing_live_report import markdown, verdicts
 from bench.routing_live_workloads import (
     hot_weights,
     uniform_weights,
@@ -66,7 +82,8 @@ PROFILES = {"round_robin": FleetSpec("round_robin"), "least_load": FleetSpec("le
             "prefix_affinity_no_room:approx": FleetSpec("prefix_affinity_no_room", "approx"),
             "prefix_affinity_no_room:exact": FleetSpec("prefix_affinity_no_room", "exact")}
 EXPERIMENTS = ("shared-prefix", "multi-turn", "hot-prefix", "kv-pressure")
-MULTI_TURN_PROFILES = ("round_robin", "prefix_affinity:approx", "prefix_affinity:exact")
+# Third-party mode: the approximate index (no KV events, no exact one), round_robin as reference.
+THIRD_PARTY_PROFILES = ("round_robin", "prefix_affinity:approx")
 HOT_SHARE = 0.3
 HOT_SATURATION = 1.2  # the hot group's rate over one worker's share of the capacity
 KV_FRACTIONS = (0.25, 1.0)
@@ -133,13 +150,14 @@ def run_one(spec: FleetSpec, workload: str, load: Load, settings: Settings) -> d
     """One fresh fleet, one workload, one load: its figures."""
     spec = replace(spec, num_workers=settings.num_workers, speed_factor=settings.speed_factor)
     started, busy_before, own_before = time.monotonic(), busy_cpu_seconds(), _own_cpu_s()
-    slug = re.sub(r"\W+", "-", f"{workload}-{spec.label}-{spec.num_kv_blocks or 'kv'}-"
+    slug = re.sub(r"\W+", "-", f"{workload}-{spec.mode}-{spec.label}-{spec.num_kv_blocks or 'kv'}-"
                   f"{'closed' if load.concurrency else f'{load.rate_per_s:.1f}'}").strip("-")
     with routing_fleet(spec, settings.workdir / slug) as fleet:
         tenants = make_tenants(fleet, settings.num_groups)
         result = drive(fleet, _specs(workload, settings, tenants), load)
         names = sorted(fleet.worker_urls)
         fleet_cpu_s = sum(cpu_seconds(pid) for pid in fleet.pids.values())
+        known_by = {k: v for k, v in fleet.backends.items() if k != "backends"}
     others_cpu_s = busy_cpu_seconds() - busy_before - fleet_cpu_s - (_own_cpu_s() - own_before)
     figures = run_figures(result.records, result.messages, result.counters, result.window_s,
                           names, result.routed, speed_factor=settings.speed_factor or 1.0,
@@ -151,11 +169,12 @@ def run_one(spec: FleetSpec, workload: str, load: Load, settings: Settings) -> d
     elapsed_s = time.monotonic() - started
     num_done_in_send = sum(r.is_ok and r.sent_at_s + (r.e2e_s or 0.0) <= load.send_s
                            for r in result.records)
-    print(f"  {spec.label:24} {workload:13} ok {figures['num_ok']:5} "
+    print(f"  {spec.mode:11} {spec.label:24} {workload:13} ok {figures['num_ok']:5} "
           f"ttft p50/p99 {figures['ttft_ms']['p50'] or math.nan:7.0f}/"
           f"{figures['ttft_ms']['p99'] or math.nan:6.0f} ms  cached "
           f"{figures['cached_fraction'] or math.nan:.3f}  ({elapsed_s:.0f} s)", file=sys.stderr)
-    return {"label": spec.label, "workload": workload, "rate_per_s": load.rate_per_s,
+    return {"label": spec.label, "mode": spec.mode, "fleet": known_by,
+            "workload": workload, "rate_per_s": load.rate_per_s,
             "concurrency": load.concurrency, "send_s": load.send_s,
             "num_kv_blocks": spec.num_kv_blocks, "num_done_in_send": num_done_in_send,
             "fleet_cores": fleet_cpu_s / elapsed_s, "others_cores": others_cpu_s / elapsed_s,
@@ -167,12 +186,13 @@ def _own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def calibrate(settings: Settings, num_kv_blocks: int | None) -> dict[str, Any]:
+def calibrate(settings: Settings, num_kv_blocks: int | None, mode: Mode = "own"
+              ) -> dict[str, Any]:
     """Round-robin's capacity: closed-loop throughput with every engine kept busy."""
     concurrency = settings.calibration_concurrency * settings.num_workers
     load = Load(concurrency=concurrency, send_s=settings.calibration_s,
                 drain_s=settings.drain_s, seed=settings.seed)
-    figures = run_one(replace(PROFILES["round_robin"], num_kv_blocks=num_kv_blocks),
+    figures = run_one(replace(PROFILES["round_robin"], num_kv_blocks=num_kv_blocks, mode=mode),
                       "shared-prefix", load, settings)
     capacity = figures["num_done_in_send"] / settings.calibration_s
     return {**figures, "capacity_rps": capacity, "rate_75_rps": 0.75 * capacity,
@@ -187,47 +207,38 @@ def hot_rate(capacity_rps: float, num_workers: int) -> float:
     return min(capacity_rps, max(0.75 * capacity_rps, wanted))
 
 
-def run_all(settings: Settings, profiles: Sequence[str], experiments: Sequence[str],
-            rate_per_s: float | None) -> dict[str, Any]:
-    """Every experiment asked for; the results as one JSON-ready dict."""
-    out: dict[str, Any] = {}
+def run_all(settings: Settings, profiles: Mapping[Mode, Sequence[str]],
+            experiments: Sequence[str], rate_per_s: float | None) -> dict[str, Any]:
+    """Every experiment asked for in every mode of ``profiles`` (mode -> its profiles); the
+    results as one JSON-ready dict: the shared calibration and rates, then each mode's runs
+    under its `key_of` (``own``, ``third_party``)."""
+    modes = list(profiles)
+    out: dict[str, Any] = {"modes": modes}
     working_set = working_set_blocks(WorkloadOptions(num_groups=settings.num_groups),
                                      settings.num_groups, settings.seed)
     kv_blocks = main_kv_blocks(settings, working_set)
     out["kv"] = {"working_set_blocks": working_set, "num_kv_blocks": kv_blocks,
                  "fraction": kv_blocks / working_set if kv_blocks else None}
-
-    def main_spec(profile: str) -> FleetSpec:
-        return replace(PROFILES[profile], num_kv_blocks=kv_blocks)
-
     if rate_per_s is None:
-        print("calibrating round_robin's capacity ...", file=sys.stderr)
-        out["calibration"] = calibrate(settings, kv_blocks)
+        # One calibration for both modes (own if it runs): they are compared at one rate.
+        print(f"calibrating round_robin's capacity ({modes[0]}) ...", file=sys.stderr)
+        out["calibration"] = calibrate(settings, kv_blocks, modes[0])
         rate_per_s = float(out["calibration"]["rate_75_rps"])
     capacity = rate_per_s / 0.75
     hot_rps = hot_rate(capacity, settings.num_workers)
     load = Load(rate_per_s=rate_per_s, send_s=settings.send_s, drain_s=settings.drain_s,
                 seed=settings.seed)
-    affinity = [p for p in profiles if p.startswith("prefix_affinity")]
-    if "shared-prefix" in experiments:
-        out["shared_prefix"] = {PROFILES[p].label: run_one(main_spec(p), "shared-prefix", load,
-                                                           settings) for p in profiles}
-    if "multi-turn" in experiments:
-        out["multi_turn"] = {PROFILES[p].label: run_one(main_spec(p), "multi-turn", load,
-                                                        settings)
-                             for p in profiles if p in MULTI_TURN_PROFILES}
-    if "hot-prefix" in experiments:
-        hot_load = replace(load, rate_per_s=hot_rps)
-        out["hot_prefix"] = {PROFILES[p].label: {
-            "uniform": run_one(main_spec(p), "uniform", hot_load, settings),
-            "hot": run_one(main_spec(p), "hot", hot_load, settings)} for p in affinity}
-    if "kv-pressure" in experiments:
-        kv_profiles = affinity + [p for p in profiles if p == "round_robin"]  # as a reference
-        out["kv_pressure"] = {"working_set_blocks": working_set, "points": {
-            f"{fraction:.0%}": {PROFILES[p].label: run_one(
-                replace(PROFILES[p], num_kv_blocks=kv_blocks_for(fraction, working_set)),
-                "shared-prefix", load, settings) for p in kv_profiles}
-            for fraction in KV_FRACTIONS}}
+    specs = {mode: {p: replace(PROFILES[p], num_kv_blocks=kv_blocks, mode=mode) for p in names}
+             for mode, names in profiles.items()}
+    pressure = {f"{fraction:.0%}": kv_blocks_for(fraction, working_set)
+                for fraction in KV_FRACTIONS}
+    by_mode = run_experiments(lambda spec, workload, run_load: run_one(
+        spec, workload, run_load, settings), specs, experiments, load,
+        replace(load, rate_per_s=hot_rps), pressure)
+    for mode, runs in by_mode.items():
+        if "kv_pressure" in runs:
+            runs["kv_pressure"]["working_set_blocks"] = working_set
+        out[key_of(mode)] = runs
     out["rates"] = {"main_rps": rate_per_s, "hot_rps": hot_rps, "capacity_rps": capacity,
                     # the hot group's rate over one worker's share of the capacity
                     "hot_group_per_worker_capacity": HOT_SHARE * hot_rps
@@ -236,15 +247,17 @@ def run_all(settings: Settings, profiles: Sequence[str], experiments: Sequence[s
 
 
 def _every_run(results: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Every run's figures in ``results`` (calibration, experiments, KV-pressure points)."""
+    """Every run's figures in ``results`` (calibration, each mode's experiments and points)."""
     if "calibration" in results:
         yield results["calibration"]
-    for key in ("shared_prefix", "multi_turn"):
-        yield from results.get(key, {}).values()
-    for pair in results.get("hot_prefix", {}).values():
-        yield from pair.values()
-    for runs in results.get("kv_pressure", {}).get("points", {}).values():
-        yield from runs.values()
+    for mode in results["modes"]:
+        runs = results[key_of(mode)]
+        for key in ("shared_prefix", "multi_turn"):
+            yield from runs.get(key, {}).values()
+        for pair in runs.get("hot_prefix", {}).values():
+            yield from pair.values()
+        for point in runs.get("kv_pressure", {}).get("points", {}).values():
+            yield from point.values()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -252,8 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.routing_live", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--mode", choices=MODE_CHOICES, default="both",
+                        help="own: workers joining by heartbeat; third-party: the same engines "
+                        "without Redis, listed in backends:; both (default): side by side")
     parser.add_argument("--profiles", default=",".join(PROFILES),
-                        help=f"comma-separated, from {', '.join(PROFILES)}")
+                        help=f"own mode, comma-separated, from {', '.join(PROFILES)}")
+    parser.add_argument("--third-party-profiles", default=",".join(THIRD_PARTY_PROFILES),
+                        help="third-party mode, comma-separated (no exact index: "
+                        f"{', '.join(p for p in PROFILES if PROFILES[p].index == 'approx')})")
     parser.add_argument("--experiments", default=",".join(EXPERIMENTS),
                         help=f"comma-separated, from {', '.join(EXPERIMENTS)}")
     parser.add_argument("--duration", type=float, default=50.0,
@@ -272,9 +291,25 @@ def build_parser() -> argparse.ArgumentParser:
                     "blocks (no cache pressure)")
     kv.add_argument("--kv-blocks", type=int, help="each worker's KV in 16-token blocks")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 2 workers, 6 groups, 2 s per run")
+                        help="smoke run: 2 workers, 6 groups, 2 s per run (each mode)")
     parser.add_argument("--out", type=Path, help="JSON path (default bench/results/...)")
     return parser
+
+
+def chosen_profiles(mode: str, own: str, third_party: str) -> dict[Mode, list[str]] | str:
+    """Each mode's profiles from the options; a string says what is wrong."""
+    asked = {"own": own, "third-party": third_party}
+    profiles: dict[Mode, list[str]] = {m: [p for p in asked[m].split(",") if p]
+                                       for m in parse_modes(mode)}
+    for m, names in profiles.items():
+        unknown = [p for p in names if p not in PROFILES]
+        if unknown or not names:
+            return f"unknown {m} profile: {', '.join(unknown) or '(none given)'}"
+        exact = [p for p in names if m == "third-party" and PROFILES[p].index == "exact"]
+        if exact:
+            return (f"{', '.join(exact)}: a third-party fleet sends no KV events, so there is "
+                    "no exact index; use the :approx variant")
+    return profiles
 
 
 def _kv_fraction(text: str) -> float | None:
@@ -289,13 +324,12 @@ def _kv_fraction(text: str) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, write its JSON and print its tables."""
     args = build_parser().parse_args(argv)
-    profiles = [p for p in args.profiles.split(",") if p]
+    profiles = chosen_profiles(args.mode, args.profiles, args.third_party_profiles)
     experiments = [e for e in args.experiments.split(",") if e]
-    unknown = [p for p in profiles if p not in PROFILES] + \
-        [e for e in experiments if e not in EXPERIMENTS]
-    if unknown or not profiles:
-        print(f"unknown profile or experiment: {', '.join(unknown) or '(none given)'}",
-              file=sys.stderr)
+    unknown = [e for e in experiments if e not in EXPERIMENTS]
+    if isinstance(profiles, str) or unknown:
+        print(profiles if isinstance(profiles, str) else
+              f"unknown experiment: {', '.join(unknown)}", file=sys.stderr)
         return 2
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_path: Path = args.out or Path("bench/results") / f"routing-live-{stamp}.json"
@@ -316,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     results["config"] = {
         "command": " ".join(["python -m bench.routing_live", *(argv or sys.argv[1:])]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "profiles": profiles,
+        "modes": list(profiles),
         "experiments": experiments, "elapsed_s": elapsed_s,
         "machine_busy_cores": (busy_cpu_seconds() - busy_before) / elapsed_s,
         "settings": {k: str(v) for k, v in vars(args).items()},
@@ -325,10 +360,11 @@ def main(argv: list[str] | None = None) -> int:
         "others_cores": {"min": min(others, default=None), "max": max(others, default=None),
                          "mean": sum(others) / len(others) if others else None},
     }
-    results["targets"] = verdicts(results)
+    results["comparison"] = comparison(results)
+    results["targets"] = all_verdicts(results)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(results, indent=1, default=str))
-    print(markdown(results))
+    print(document_markdown(results))
     print(f"results in {out_path}", file=sys.stderr)
     return 0
 

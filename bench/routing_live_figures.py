@@ -13,6 +13,8 @@
   share, and TTFT p50/p99 of those and of the others (hits);
 - **load spread**: max / mean requests per worker (from ``x-switchyard-backend``), and where
   the most requested prefix group's requests went;
+- **turns kept**: of the conversation turns after the first (multi-turn), the share served by
+  the worker that served the conversation's previous turn (both answered);
 - **busy time** per worker: the engine time its steps took, rebuilt from its counters with the
   sim's latency model (``backends.sim.profile``): ``(a * steps + b * prefilled tokens + c *
   decoded tokens + d * KV tokens attended) / speed``, where prefilled = prefix-cache queries -
@@ -128,6 +130,19 @@ def top_group(records: Sequence[Record], worker_names: Sequence[str]) -> dict[st
             "requests_per_worker": {name: placed.get(name, 0) for name in worker_names}}
 
 
+def turns_kept(records: Sequence[Record], all_records: Sequence[Record]) -> dict[str, Any]:
+    """Of ``records``' later conversation turns, those on their previous turn's worker; the
+    previous turn is looked up in ``all_records`` (it may be a warm-up request)."""
+    served = {(r.conversation, r.turn): r.worker for r in all_records
+              if r.is_ok and r.conversation is not None}
+    judged = [(r.worker, served[(r.conversation, r.turn - 1)]) for r in records
+              if r.is_ok and r.conversation is not None and r.turn > 0
+              and (r.conversation, r.turn - 1) in served]
+    num_kept = sum(worker == previous for worker, previous in judged)
+    return {"num_turns": len(judged), "num_kept": num_kept,
+            "share": num_kept / len(judged) if judged else None}
+
+
 def run_figures(records: Sequence[Record], messages: Mapping[int, Sequence[Message]],
                 counters: Mapping[str, Mapping[str, float]], window_s: float,
                 worker_names: Sequence[str], routed: Mapping[str, float] | None = None,
@@ -171,6 +186,7 @@ def run_figures(records: Sequence[Record], messages: Mapping[int, Sequence[Messa
                                      if routed and routed.get("prompt_tokens") else None),
         "misses": miss_split(records, ideal_tokens),
         "top_group": top_group(records, worker_names),
+        "turns_kept": turns_kept(records, all_records),
         "requests_per_worker": num_requests, "num_requests_unknown_worker": num_unknown,
         "max_mean_requests": max_over_mean(list(num_requests.values())),
         "busy_s_per_worker": busy,

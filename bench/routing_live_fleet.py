@@ -1,19 +1,24 @@
-"""A fresh fleet for one routing run: a private redis-server, N simulated workers that join the
-gateway through their Redis heartbeats, and a gateway with one routing profile.
+"""A fresh fleet for one routing run: a private redis-server, N simulated workers, and a
+gateway with one routing profile.
 
-``index="exact"`` configures the gateway's tokenizer for the model, so ``prefix_affinity`` uses
+``mode="own"`` (`bench.fleet_modes`): the workers join the gateway through their Redis
+heartbeats and publish KV events. ``mode="third-party"``: the same workers run without Redis and
+the gateway lists them in ``backends:`` with worker discovery off, loading them from their
+``/metrics`` and discovering their profile there and on ``/v1/models``. ``index="exact"``
+(own mode only) configures the gateway's tokenizer for the model, so ``prefix_affinity`` uses
 the exact index fed by the workers' KV events; ``index="approx"`` leaves it out, so only the
 approximate index (character blocks of the gateway's own decisions) is used. Admission by SLO
 is switched off: only routing is compared. Example::
 
     with routing_fleet(FleetSpec("prefix_affinity", "exact", num_workers=4), workdir) as fleet:
-        fleet.url, fleet.worker_names, fleet.admin_token
+        fleet.url, fleet.worker_urls, fleet.admin_token
+    with routing_fleet(FleetSpec("round_robin", mode="third-party"), workdir) as fleet:
+        fleet.backends["sources"]   # ["config"]
 """
 
 from __future__ import annotations
 
 import secrets
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,6 +28,7 @@ from typing import Any, Literal
 import httpx
 import yaml
 
+from bench.fleet_modes import Mode, describe, static_backends, wait_for_backends
 from bench.run.workers import parse_counters
 from gateway.localproc import (
     ProcessGroup,
@@ -53,6 +59,12 @@ class FleetSpec:
     num_workers: int = 4
     num_kv_blocks: int | None = None  # None: the sim's default (24,576 blocks of 16 tokens)
     speed_factor: float | None = None  # None: the sim's default (1.0, one H100)
+    mode: Mode = "own"
+
+    def __post_init__(self) -> None:
+        if self.mode == "third-party" and self.index == "exact":
+            raise ValueError("a third-party fleet sends no KV events: only the approximate "
+                             "index exists (index='approx')")
 
     @property
     def label(self) -> str:
@@ -66,48 +78,33 @@ class RoutingFleet:
     """A running fleet: the gateway's ``/v1`` URL and admin token, the workers by name."""
 
     url: str
+    redis_url: str
     admin_token: str
     model: str
     worker_urls: Mapping[str, str]  # worker name (as in x-switchyard-backend) -> base URL
     pids: Mapping[str, int]  # redis, sim, gateway
+    backends: Mapping[str, Any]  # how the gateway knows them (`bench.fleet_modes.describe`)
 
 
-def _gateway_config(spec: FleetSpec, port: int, redis_url: str, admin_token: str
-                    ) -> dict[str, Any]:
+def _gateway_config(spec: FleetSpec, port: int, redis_url: str, admin_token: str,
+                    worker_urls: list[str]) -> dict[str, Any]:
     routing: dict[str, Any] = {"profile": spec.profile}
     if spec.index == "exact":
         routing["tokenizers"] = {MODEL: "approx"}
+    backends: list[dict[str, Any]] = []
+    if spec.mode == "third-party":
+        routing["discover_workers"] = False
+        backends = static_backends(worker_urls, MODEL)
     return {
         "listen": {"host": "127.0.0.1", "port": port},
         "redis_url": redis_url,
         "admin_token": admin_token,
         "key_secret": secrets.token_urlsafe(32),
-        "backends": [],
+        "backends": backends,
         "routing": routing,
         "admission": {"slo_enabled": False},
         "log_level": "warning",
     }
-
-
-def _wait_for_workers(origin: str, admin_token: str, count: int, group: ProcessGroup,
-                      timeout_s: float = 30.0) -> dict[str, str]:
-    """Poll ``/admin/fleet`` until ``count`` healthy workers with fresh load have joined."""
-    headers = {"Authorization": f"Bearer {admin_token}"}
-    deadline = time.monotonic() + timeout_s
-    seen: dict[str, str] = {}
-    while time.monotonic() < deadline:
-        if dead := group.dead_child():
-            raise RuntimeError(f"{dead} exited while the workers were joining")
-        try:
-            data = httpx.get(origin + "/admin/fleet", headers=headers, timeout=2).json()["data"]
-        except (httpx.HTTPError, ValueError, KeyError):
-            data = []
-        seen = {b["name"]: b["url"] for b in data
-                if b["is_healthy"] and b["load_age_s"] is not None and b["load_age_s"] < 3}
-        if len(seen) >= count:
-            return seen
-        time.sleep(0.1)
-    raise RuntimeError(f"only {len(seen)} of {count} workers joined the gateway in {timeout_s} s")
 
 
 @contextmanager
@@ -118,28 +115,37 @@ def routing_fleet(spec: FleetSpec, workdir: Path) -> Iterator[RoutingFleet]:
     try:
         redis_url = start_redis(group, workdir)
         base_port = free_port_range(spec.num_workers)
+        worker_urls = [f"http://127.0.0.1:{base_port + i}" for i in range(spec.num_workers)]
         sim_args = ["--workers", str(spec.num_workers), "--base-port", str(base_port),
-                    "--model", MODEL, "--tokenizer", "approx", "--redis-url", redis_url]
+                    "--model", MODEL, "--tokenizer", "approx"]
+        if spec.mode == "own":
+            sim_args += ["--redis-url", redis_url]
         if spec.num_kv_blocks is not None:
             sim_args += ["--num-kv-blocks", str(spec.num_kv_blocks)]
         if spec.speed_factor is not None:
             sim_args += ["--speed-factor", str(spec.speed_factor)]
         group.spawn("sim", python_module_argv("backends.sim", *sim_args))
+        if spec.mode == "third-party":
+            # Up before the gateway, whose first look reads their profiles before it serves.
+            for url in worker_urls:
+                wait_http(url + "/health", timeout_s=30, group=group)
         admin_token = secrets.token_urlsafe(24)
         port = free_port()
         config_path = workdir / "gateway.yaml"
         config_path.write_text(yaml.safe_dump(
-            _gateway_config(spec, port, redis_url, admin_token), sort_keys=False))
+            _gateway_config(spec, port, redis_url, admin_token, worker_urls), sort_keys=False))
         config_path.chmod(0o600)
-        # Started together: the workers join the gateway through Redis whenever both are up.
+        # Own mode: the workers join the gateway through Redis whenever both are up.
         group.spawn("gateway", python_module_argv("gateway", "serve", "--config",
                                                   str(config_path)))
         origin = f"http://127.0.0.1:{port}"
         wait_http(origin + "/healthz", timeout_s=30, group=group)
-        workers = _wait_for_workers(origin, admin_token, spec.num_workers, group)
-        yield RoutingFleet(url=origin + "/v1", admin_token=admin_token, model=MODEL,
-                           worker_urls=workers,
-                           pids={name: child.pid for name, child in group.children})
+        snapshot = wait_for_backends(origin, admin_token, spec.num_workers, spec.mode, group)
+        yield RoutingFleet(url=origin + "/v1", redis_url=redis_url, admin_token=admin_token,
+                           model=MODEL,
+                           worker_urls={b["name"]: b["url"] for b in snapshot},
+                           pids={name: child.pid for name, child in group.children},
+                           backends=describe(snapshot))
     finally:
         group.stop_all(grace_s=5)
 

@@ -71,6 +71,7 @@ class Client:
                 record.status = resp.status
                 record.worker = resp.headers.get(BACKEND_HEADER, "unknown")
                 if resp.status != 200:
+                    record.retry_after_s = retry_after_s(resp.headers.get("Retry-After"))
                     record.error = _error_message(await resp.read())
                 elif spec.is_stream:
                     is_kept = spec.conversation is not None  # the next turn sends it
@@ -141,6 +142,15 @@ def _read_usage(usage: dict[str, Any], record: Record) -> None:
     record.num_completion_tokens = usage.get("completion_tokens")
     details = usage.get("prompt_tokens_details") or {}
     record.num_cached_tokens = details.get("cached_tokens")
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """A ``Retry-After`` header's delay in seconds; None if absent or an HTTP date."""
+    try:
+        delay_s = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return delay_s if delay_s is not None and 0 <= delay_s < float("inf") else None
 
 
 def _error_message(raw: bytes) -> str:

@@ -75,6 +75,7 @@ class Record:
     num_completion_tokens: int | None = None
     num_cached_tokens: int | None = None
     worker: str = "unknown"
+    retry_after_s: float | None = None  # a refusal's Retry-After (delta-seconds form only)
     conversation: int | None = None
     turn: int = 0
     group: int | None = None

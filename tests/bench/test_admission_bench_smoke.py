@@ -1,8 +1,9 @@
 """The admission benchmark runs end to end in its quick mode and writes every figure.
 
 No timing or target is asserted: the figures depend on the machine. This proves that both
-fleets come up, every load level runs with admission on and off, and the results file holds
-every figure of the tables, finite.
+fleets (the own simulated fleet and the mock one) come up, every load level runs with
+admission on and off, the retry run runs, and the results file holds every figure of the
+tables, finite. The third-party fleet: `test_admission_bench_third_party`.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ COST_FIGURES = ("gateway_cpu_us_per_request", "redis_cpu_us_per_request", "reque
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     results_dir = tmp_path_factory.mktemp("admission-results")
     done = subprocess.run(
-        [sys.executable, "-m", "bench.admission_bench", "--quick", "--results-dir",
-         str(results_dir)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=45, check=False,
+        [sys.executable, "-m", "bench.admission_bench", "--quick", "--mode", "own",
+         "--results-dir", str(results_dir)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=90, check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     [path] = results_dir.glob("admission-*.json")
@@ -51,20 +52,21 @@ def _finite(value: Any) -> bool:
 
 
 def test_capacity_is_measured(results: dict[str, Any]) -> None:
-    capacity = results["capacity"]
+    assert results["modes"] == ["own"] and "third_party" not in results
+    capacity = results["own"]["capacity"]
     assert capacity["saturation_rps"] > 0
     assert capacity["capacity_rps"] > 0
     assert len(capacity["sweep"]) == len(QUICK.sweep_fractions)
 
 
 def test_every_level_ran_with_admission_on_and_off(results: dict[str, Any]) -> None:
-    ran = [(run["level"], run["mode"]) for run in results["levels"]]
+    ran = [(run["level"], run["mode"]) for run in results["own"]["levels"]]
     assert ran == [(level, mode) for level in QUICK.levels for mode in ("on", "off")]
 
 
 @pytest.mark.parametrize("tier", [pytest.param(t, id=t) for t in TIERS])
 def test_tier_figures_are_present_and_finite(results: dict[str, Any], tier: str) -> None:
-    for run in results["levels"]:
+    for run in results["own"]["levels"]:
         figures = run["figures"]["tiers"][tier]
         where = f"{run['level']}x {run['mode']} {tier}"
         # A share of nothing is undefined: with no request of the tier admitted in a short
@@ -79,7 +81,7 @@ def test_tier_figures_are_present_and_finite(results: dict[str, Any], tier: str)
 
 
 def test_fairness_and_goodput_are_present_and_finite(results: dict[str, Any]) -> None:
-    for run in results["levels"]:
+    for run in results["own"]["levels"]:
         figures = run["figures"]
         where = f"{run['level']}x {run['mode']}"
         assert _finite(figures["goodput_rps"]) and _finite(figures["offered_rps"]), where
@@ -108,6 +110,18 @@ def test_cost_figures_are_present_and_finite(results: dict[str, Any], setup: str
     assert (costs["quota_round_trips_per_request"] > 0) == (costs["evalsha_per_request"] > 0.5)
 
 
+def test_the_retry_run_is_reported(results: dict[str, Any]) -> None:
+    retry = results["own"]["retry"]
+    assert retry["policy"]["tiers"] == ["interactive", "standard"]
+    assert retry["retries"]["tiers"] == ["interactive", "standard"]
+    assert set(retry["retries"]["by_tier"]) == {"interactive", "standard"}
+    figures = retry["retries"]
+    # Every retry answers a refusal; at most one retry per refused request.
+    assert figures["num_retried"] <= figures["num_with_retry_after"] <= figures["num_refused"]
+    assert len(retry["retry_records"]) == figures["num_retried"]
+    assert retry["figures"]["tiers"]["interactive"]["num_offered"] > 0
+
+
 def test_targets_are_judged_not_asserted(results: dict[str, Any]) -> None:
-    assert len(results["targets"]) == 6
+    assert [t["mode"] for t in results["targets"]] == ["own"] * 8 + ["-"]
     assert all(isinstance(t["passed"], bool) for t in results["targets"])

@@ -16,6 +16,7 @@ import pytest
 from backends.tokenizer import get_tokenizer
 from bench.run import arrivals
 from bench.run.cli import main
+from bench.run.client import retry_after_s
 from bench.run.fleet import LocalFleet, local_fleet
 from bench.run.options import OptionError, Slo, check_loopback, parse_slos, parse_tenants
 from bench.run.spec import Record, RequestSpec
@@ -207,6 +208,18 @@ def test_load_spread_from_worker_counters() -> None:
     assert spread["max_mean_requests"] == pytest.approx(1.5)
 
 
+@pytest.mark.parametrize(("value", "expected"), [
+    pytest.param("2", 2.0, id="delta-seconds"),
+    pytest.param("0.25", 0.25, id="fraction"),
+    pytest.param(None, None, id="absent"),
+    pytest.param("Wed, 21 Oct 2026 07:28:00 GMT", None, id="http-date-not-read"),
+    pytest.param("-1", None, id="negative"),
+    pytest.param("inf", None, id="infinite"),
+])
+def test_retry_after_s(value: str | None, expected: float | None) -> None:
+    assert retry_after_s(value) == expected
+
+
 # --- end to end: a real gateway in front of two simulated workers ----------------------------
 
 @pytest.fixture(scope="module")
@@ -263,3 +276,4 @@ def test_a_closed_loop_multi_turn_run_sends_turns_in_order(fleet: LocalFleet,
         assert [t["turn"] for t in turns] == list(range(len(turns)))
         prompts = [t["num_prompt_tokens"] for t in turns]
         assert prompts == sorted(prompts)
+

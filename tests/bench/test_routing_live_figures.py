@@ -10,7 +10,7 @@ import pytest
 
 from backends.tokenizer import get_tokenizer
 from bench.routing_live import MIN_KV_BLOCKS, Settings, kv_blocks_for, main_kv_blocks
-from bench.routing_live_figures import ideal_per_request, miss_split, run_figures
+from bench.routing_live_figures import ideal_per_request, miss_split, run_figures, turns_kept
 from bench.run.spec import Record
 
 WORKING_SET = 3294
@@ -75,3 +75,27 @@ def test_warmup_requests_are_left_out_but_their_prompts_count_as_seen() -> None:
     assert 0.5 < figures["ideal_cached_fraction"] < 1.0
     assert figures["misses"]["miss_share"] == 1.0
     assert math.isclose(figures["throughput_rps"], 2 / 3.0)
+
+
+def turn(index: int, conversation: int, turn_number: int, worker: str, sent_at_s: float = 2.0,
+         status: int = 200) -> Record:
+    r = record(index, sent_at_s, 0.01, 0, worker=worker)
+    r.conversation, r.turn, r.status = conversation, turn_number, status
+    return r
+
+
+@pytest.mark.parametrize(("records", "expected"), [
+    pytest.param([turn(0, 0, 0, "w0"), turn(1, 0, 1, "w0"), turn(2, 0, 2, "w1")],
+                 (2, 1), id="one-kept-one-moved"),
+    pytest.param([turn(0, 0, 0, "w0"), turn(1, 1, 0, "w1"), turn(2, 1, 1, "w1"),
+                  turn(3, 0, 1, "w0")], (2, 2), id="interleaved-conversations"),
+    pytest.param([turn(0, 0, 0, "w0", status=503), turn(1, 0, 1, "w1")], (0, 0),
+                 id="previous-turn-failed-is-not-judged"),
+    pytest.param([turn(0, 0, 0, "w0", sent_at_s=0.5), turn(1, 0, 1, "w0")], (1, 1),
+                 id="previous-turn-in-warm-up-counts"),
+    pytest.param([record(0, 2.0, 0.01, 0)], (0, 0), id="no-conversations"),
+])
+def test_turns_kept(records: list[Record], expected: tuple[int, int]) -> None:
+    kept = turns_kept([r for r in records if r.sent_at_s >= 1.0], records)
+    assert (kept["num_turns"], kept["num_kept"]) == expected
+    assert kept["share"] == (expected[1] / expected[0] if expected[0] else None)

@@ -1,9 +1,10 @@
 """The live routing benchmark runs end to end in its quick mode and writes every figure.
 
-No timing is asserted: the figures depend on the machine. The quick run (2 workers, 2 s per
-run, each worker's KV the default share of the 6 prompts' working set) calibrates round_robin,
-runs the shared-prefix workload under round_robin and prefix_affinity (exact index), and the
-hot-prefix pair under prefix_affinity; about 30 s. The pure parts (the ideal cache, the
+No timing is asserted: the figures depend on the machine. The quick run (own fleet only, 2
+workers, 2 s per run, each worker's KV the default share of the 6 prompts' working set)
+calibrates round_robin, runs the shared-prefix workload under round_robin and prefix_affinity
+(exact index), and the hot-prefix pair under prefix_affinity; about 30 s. Both fleet modes
+side by side: `test_routing_live_third_party`. The pure parts (the ideal cache, the
 hot-prefix weights and rate) are checked on hand-made values.
 """
 
@@ -34,7 +35,7 @@ POSITIVE = ("throughput_rps", "cached_fraction", "ideal_cached_fraction", "share
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("routing-live") / "routing-live.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.routing_live", "--quick",
+        [sys.executable, "-m", "bench.routing_live", "--quick", "--mode", "own",
          "--profiles", "round_robin,prefix_affinity:exact",
          "--experiments", "shared-prefix,hot-prefix", "--out", str(out)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=100, check=False,
@@ -47,8 +48,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def _runs(results: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     runs = [("calibration", results["calibration"])]
-    runs += [(f"shared/{label}", f) for label, f in results["shared_prefix"].items()]
-    for label, pair in results["hot_prefix"].items():
+    runs += [(f"shared/{label}", f) for label, f in results["own"]["shared_prefix"].items()]
+    for label, pair in results["own"]["hot_prefix"].items():
         runs += [(f"{workload}/{label}", f) for workload, f in pair.items()]
     return runs
 
@@ -61,8 +62,9 @@ def test_every_experiment_ran_every_profile(results: dict[str, Any]) -> None:
     kv = results["kv"]  # the default: KV_FRACTION of the quick run's 6 prompts
     assert kv["num_kv_blocks"] == kv_blocks_for(KV_FRACTION, kv["working_set_blocks"])
     assert {f["num_kv_blocks"] for _, f in _runs(results)} == {kv["num_kv_blocks"]}
-    assert tuple(results["shared_prefix"]) == PROFILES
-    assert tuple(results["hot_prefix"]) == ("prefix_affinity (exact)",)
+    assert results["modes"] == ["own"] and "third_party" not in results
+    assert tuple(results["own"]["shared_prefix"]) == PROFILES
+    assert tuple(results["own"]["hot_prefix"]) == ("prefix_affinity (exact)",)
     assert [name for name, f in _runs(results) if f["num_ok"] < 1] == []
 
 
@@ -79,7 +81,7 @@ def test_every_figure_is_finite_and_positive(results: dict[str, Any]) -> None:
 
 
 def test_every_target_is_judged(results: dict[str, Any]) -> None:
-    targets = {(t["target"], t["label"]) for t in results["targets"]}
+    targets = {(t["target"], t["label"]) for t in results["targets"] if t["mode"] == "own"}
     label = "prefix_affinity (exact)"
     assert {("TTFT p50 / round_robin's", label), ("TTFT p99 / round_robin's", label),
             ("cached fraction / ideal", label), ("hot TTFT p90 / uniform's", label),
