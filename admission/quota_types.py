@@ -38,6 +38,29 @@ class LimitsLike(Protocol):
     def max_concurrent(self) -> int | None: ...
 
 
+class QuotaStoreLike(Protocol):
+    """What the gateway asks of a quota store: ``admission.quota.QuotaStore`` (Redis, shared by
+    every replica) or ``admission.quota_memory.MemoryQuotaStore`` (one replica, in process)."""
+
+    async def acquire(self, tenant_id: str, limits: LimitsLike, *, tokens: int,
+                      request_id: str) -> QuotaDecision: ...
+
+    async def settle(self, tenant_id: str, limits: LimitsLike, *, reserved_tokens: int,
+                     actual_tokens: int, request_id: str) -> bool: ...
+
+    def settle_soon(self, tenant_id: str, limits: LimitsLike, *, reserved_tokens: int,
+                    actual_tokens: int, request_id: str) -> None: ...
+
+    async def renew(self, tenant_id: str, request_id: str) -> bool: ...
+
+    async def aclose(self) -> None: ...
+
+    def counters(self) -> dict[str, int]: ...
+
+    @property
+    def is_redis_down(self) -> bool: ...
+
+
 @dataclass(frozen=True, slots=True)
 class QuotaLimits:
     """A tenant's quotas; ``None`` (or 0) means unlimited.

@@ -9,6 +9,9 @@
 - **KV residency.** Each heartbeat worker's KV-event stream feeds the exact prefix index: the
   snapshot first (``sy:kvsnap:{id}``), then the stream after the snapshot's id.
 
+Without Redis (``redis=None``: a single gateway keeping its state in memory) only the listed
+engines are followed, by scraping and profile discovery; Redis is never touched.
+
 Example::
 
     fleet = FleetSync(registry, redis, session, index=ExactPrefixIndex())
@@ -96,7 +99,7 @@ class FleetSync:
     def __init__(
         self,
         registry: BackendRegistry,
-        redis: aioredis.Redis,
+        redis: aioredis.Redis | None,
         session: aiohttp.ClientSession,
         *,
         index: KvIndex | None = None,
@@ -107,7 +110,7 @@ class FleetSync:
         on_change: Any = None,
     ) -> None:
         self._discover_interval_s = discover_interval_s
-        self._discover_workers = discover_workers
+        self._discover_workers = discover_workers and redis is not None
         self._registry = registry
         self._redis = redis
         self._session = session
@@ -130,13 +133,15 @@ class FleetSync:
     def start(self) -> list[asyncio.Task[None]]:
         members = ([asyncio.create_task(self._forever(self.poll_members, self._poll_interval_s),
                                         name="fleet-members")] if self._discover_workers else [])
+        kv_events = ([asyncio.create_task(self.consume_kv_events(), name="fleet-kv-events")]
+                     if self._redis is not None else [])
         return [
             *members,
             asyncio.create_task(self._forever(self.scrape_metrics, self._scrape_interval_s),
                                 name="fleet-metrics"),
             asyncio.create_task(self._forever(self.discover_profiles, self._discover_interval_s),
                                 name="fleet-profiles"),
-            asyncio.create_task(self.consume_kv_events(), name="fleet-kv-events"),
+            *kv_events,
         ]
 
     async def _forever(self, step: Any, interval_s: float) -> None:
@@ -156,10 +161,13 @@ class FleetSync:
             log.warning("fleet sync: cannot read workers from Redis yet: %s", exc)
 
     async def poll_members(self) -> None:
+        redis = self._redis
+        if redis is None:
+            return  # no Redis: no heartbeating workers to find
         now_ms = time.time() * 1000
-        members: Any = await self._redis.zrangebyscore(WORKERS_ZSET, now_ms - 60_000, "+inf")
+        members: Any = await redis.zrangebyscore(WORKERS_ZSET, now_ms - 60_000, "+inf")
         ids = [i.decode() for i in members]
-        docs = await self._redis.mget([worker_key(i) for i in ids]) if ids else []
+        docs = await redis.mget([worker_key(i) for i in ids]) if ids else []
         alive: set[str] = set()
         for raw in docs:
             if raw is None:
@@ -290,6 +298,8 @@ class FleetSync:
 
     # -- KV events into the exact index --------------------------------------------------
     async def consume_kv_events(self) -> None:
+        if self._redis is None:
+            return  # no Redis: no KV-event streams
         while True:
             try:
                 await self._consume_once()
@@ -298,7 +308,8 @@ class FleetSync:
                 await asyncio.sleep(1.0)
 
     async def _consume_once(self) -> None:
-        if self._index is None:
+        redis = self._redis
+        if self._index is None or redis is None:
             await asyncio.sleep(3600)
             return
         workers = [b.name for b in self._registry.backends if b.name in self._epochs]
@@ -313,7 +324,7 @@ class FleetSync:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._streams_changed.wait(), self._poll_interval_s)
             return
-        replies: Any = await self._redis.xread(dict(streams), count=1000, block=200)
+        replies: Any = await redis.xread(dict(streams), count=1000, block=200)
         for stream, entries in replies or []:
             owner = names_by_stream.get(stream.decode() if isinstance(stream, bytes) else stream)
             if owner is None or owner not in self._stream_ids:
@@ -325,7 +336,7 @@ class FleetSync:
                 self._stream_ids[owner] = entry_id
 
     async def _load_snapshot(self, name: str) -> None:
-        assert self._index is not None
+        assert self._index is not None and self._redis is not None
         snapshot: Any = await self._redis.hgetall(kv_snapshot_key(self._worker_ids[name]))
         self._index.apply(name, "cleared", [])
         if snapshot:

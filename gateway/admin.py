@@ -25,7 +25,7 @@ from pydantic_core import PydanticCustomError
 from backends.registry import Backend
 from gateway.context import GATEWAY, Gateway
 from gateway.errors import APIError
-from gateway.keystore import (
+from gateway.tenancy import (
     ALL_MODELS,
     TENANT_ID_RE,
     Limits,

@@ -21,7 +21,7 @@ import asyncio
 import re
 from dataclasses import dataclass, field
 
-from admission.quota import QuotaStore
+from admission.quota_types import QuotaStoreLike
 from gateway.auth import Principal
 from gateway.errors import APIError
 from gateway.router import RoutePlan
@@ -33,7 +33,7 @@ _USAGE_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 class QuotaTicket:
     """An admitted request's hold on its tenant's quotas."""
 
-    store: QuotaStore | None
+    store: QuotaStoreLike | None
     tenant_id: str
     limits: object
     request_id: str
@@ -55,7 +55,7 @@ def _has_limits(principal: Principal) -> bool:
 
 
 async def admit_quota(
-    store: QuotaStore, principal: Principal, plan: RoutePlan, request_id: str
+    store: QuotaStoreLike, principal: Principal, plan: RoutePlan, request_id: str
 ) -> QuotaTicket:
     tenant = principal.tenant
     ticket = QuotaTicket(

@@ -14,12 +14,11 @@ import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
-import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import RedisError
 
 from admission.fair_queue import FairQueueConfig
-from admission.quota import QuotaStore
+from admission.quota_types import QuotaStoreLike
 from backends.approx_sync import ApproxIndexSync
 from backends.fleet import FleetSync
 from backends.health import HealthChecker
@@ -27,14 +26,13 @@ from backends.profiles import stated_facts
 from backends.registry import Backend, BackendRegistry
 from backends.upstream import UpstreamClient
 from gateway import admin, handlers, proxy
-from gateway.auth import Authenticator
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, from_http_exception
-from gateway.keystore import KeyStore
 from gateway.metrics import GatewayMetrics, counter_family, gauge_family
 from gateway.router import Router
 from gateway.settings import RoutingSettings, Settings
 from gateway.slo import SloAdmission
+from gateway.state import open_state
 from gateway.telemetry import admin_waits, setup_telemetry
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex
@@ -108,7 +106,8 @@ def setup_routes(app: web.Application) -> None:
 
 
 def setup_gateway(app: web.Application, settings: Settings) -> None:
-    """Redis, key store and auth cache, upstream pool and health checks: up before serving."""
+    """State (Redis or memory: key store, auth cache, quotas), upstream pool, health checks
+    and fleet sync: up before serving."""
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         backends = [
@@ -122,23 +121,13 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             for b in settings.backends
         ]
         registry = BackendRegistry(backends)
-        redis = aioredis.Redis.from_url(
-            settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0,
-            health_check_interval=10,
-        )
-        secret = settings.key_secret.get_secret_value().encode() if settings.key_secret else None
-        if secret is None:
-            log.warning("no key_secret configured: API keys are hashed with plain SHA-256")
-        store = KeyStore(redis, secret)
-        auth = Authenticator(store, redis, ttl_s=settings.key_cache_ttl_s)
+        state = open_state(settings)
+        redis, quotas = state.redis, state.quotas
         upstream = UpstreamClient(settings.upstream)
         await upstream.start()
         metrics = GatewayMetrics(registry.models(), [b.name for b in backends])
         router = make_router(settings.routing, registry,
                              default_output_tokens=settings.admission.default_output_tokens)
-        quotas = QuotaStore(redis, lease_ttl_s=settings.admission.lease_ttl_s,
-                            fail_mode=settings.admission.fail_mode,
-                            timeout_s=settings.admission.redis_timeout_s)
         admission = settings.admission
         slo = SloAdmission(
             settings.tiers, router, is_enabled=admission.slo_enabled,
@@ -152,8 +141,8 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
         metrics.add_source(lambda: _quota_metrics(quotas))
         metrics.add_source(lambda: _prefix_cache_metrics(registry, router))
         app[GATEWAY] = Gateway(
-            settings=settings, registry=registry, metrics=metrics, redis=redis, store=store,
-            auth=auth, upstream=upstream, router=router, quotas=quotas, slo=slo,
+            settings=settings, registry=registry, metrics=metrics, redis=redis, store=state.store,
+            auth=state.auth, upstream=upstream, router=router, quotas=quotas, slo=slo,
         )
         checker = HealthChecker(
             registry, upstream.session, interval_s=settings.upstream.health_interval_s,
@@ -163,19 +152,22 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
         tasks = [
             asyncio.create_task(slo.run_dispatcher(), name="admission-dispatcher"),
             asyncio.create_task(checker.run(), name="health-checks"),
-            asyncio.create_task(auth.listen_for_invalidations(), name="auth-invalidation"),
         ]
-        approx_sync = ApproxIndexSync(redis, router.approx_index, new_request_id(),
-                                      ttl_s=settings.routing.approx_ttl_s)
-        router.on_record = approx_sync.record
-        try:
-            await approx_sync.catch_up()
-        except (RedisError, OSError) as exc:
-            log.warning("approximate index: cannot catch up from Redis yet: %s", exc)
-        tasks.append(asyncio.create_task(approx_sync.run(), name="approx-index-sync"))
+        if redis is not None:  # in memory there is one replica: nothing to share or hear
+            tasks.append(asyncio.create_task(state.auth.listen_for_invalidations(),
+                                             name="auth-invalidation"))
+            approx_sync = ApproxIndexSync(redis, router.approx_index, new_request_id(),
+                                          ttl_s=settings.routing.approx_ttl_s)
+            router.on_record = approx_sync.record
+            try:
+                await approx_sync.catch_up()
+            except (RedisError, OSError) as exc:
+                log.warning("approximate index: cannot catch up from Redis yet: %s", exc)
+            tasks.append(asyncio.create_task(approx_sync.run(), name="approx-index-sync"))
+        discover_workers = settings.routing.discover_workers and redis is not None
         fleet = FleetSync(registry, redis, upstream.session, index=router.exact_index,
-                          discover_workers=settings.routing.discover_workers)
-        if settings.routing.discover_workers:
+                          discover_workers=discover_workers)
+        if discover_workers:
             await fleet.poll_members_once()  # workers already beating are known at start
         await fleet.first_look()  # listed engines' load source and profile, before serving
         tasks += fleet.start()
@@ -195,8 +187,7 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
                     log.warning("background task %s failed: %r", task.get_name(),
                                 task.exception())
             await upstream.close()
-            await quotas.aclose()  # the last requests' settles go out first
-            await redis.aclose()
+            await state.aclose()
 
     app.cleanup_ctx.append(lifecycle)
 
@@ -223,7 +214,7 @@ def _prefix_cache_metrics(registry: BackendRegistry, router: Router) -> Iterator
                        "backend", {b.name: router.approx_index.ttl_for(b.name) for b in backends})
 
 
-def _quota_metrics(quotas: QuotaStore) -> Iterator[object]:
+def _quota_metrics(quotas: QuotaStoreLike) -> Iterator[object]:
     counters = quotas.counters()
     yield counter_family("switchyard_quota_checks", "Quota checks (one Redis script each).",
                          None, float(counters.get("num_acquires", 0)))

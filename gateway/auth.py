@@ -3,7 +3,8 @@
 The cache holds each key's record and tenant for ``ttl_s``; a Redis pub/sub channel drops
 entries the moment a key is created or revoked or a tenant changes, on every replica. When the
 subscription breaks, the whole cache is dropped on reconnect, so no revocation is ever missed for
-longer than the reconnect takes.
+longer than the reconnect takes. Without Redis (a single replica keeping its state in memory)
+the store calls ``invalidate`` itself on every change, so there is nothing to listen to.
 
 A ``sy-`` key is cached under its key id. An imported key without one is cached under its digest
 and found through the store's digest index; both then take the same checks: the digest compared
@@ -28,14 +29,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.errors import APIError
-from gateway.keystore import (
-    INVALIDATION_CHANNEL,
-    ApiKey,
-    KeyStore,
-    Tenant,
-    is_imported_shape,
-    parse_key,
-)
+from gateway.keystore import INVALIDATION_CHANNEL
+from gateway.tenancy import ApiKey, KeyStoreLike, Tenant, is_imported_shape, parse_key
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +65,8 @@ class _Entry:
 
 
 class Authenticator:
-    def __init__(self, store: KeyStore, redis: aioredis.Redis, *, ttl_s: float = 30.0) -> None:
+    def __init__(self, store: KeyStoreLike, redis: aioredis.Redis | None, *,
+                 ttl_s: float = 30.0) -> None:
         self._store = store
         self._redis = redis
         self._ttl_s = ttl_s
@@ -162,6 +158,8 @@ class Authenticator:
 
     async def listen_for_invalidations(self) -> None:
         """Run until cancelled: apply invalidation messages; reconnect with backoff."""
+        if self._redis is None:
+            raise RuntimeError("no Redis to listen to: the key store calls invalidate() itself")
         delay_s = 0.1
         while True:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gateway import admin_client, up, waits
+from gateway import admin_client, quickstart, up, waits
 from gateway.settings import ConfigError, load_settings
 
 
@@ -16,8 +16,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the gateway")
+    serve = sub.add_parser(
+        "serve", help="run the gateway (--config FILE, or --backend URL ... with no file)")
     serve.add_argument("--config", help="YAML configuration file (SWITCHYARD_* env overrides)")
+    quickstart.add_arguments(serve)
 
     config = sub.add_parser("config", help="configuration tools")
     config_sub = config.add_subparsers(dest="action", required=True)
@@ -58,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "serve":
+        if quickstart.is_requested(args):
+            return quickstart.run(args)
         try:
             settings = load_settings(args.config)
         except ConfigError as exc:

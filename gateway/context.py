@@ -7,15 +7,15 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from admission.quota import QuotaStore
+from admission.quota_types import QuotaStoreLike
 from backends.registry import BackendRegistry
 from backends.upstream import UpstreamClient
 from gateway.auth import Authenticator
-from gateway.keystore import KeyStore
 from gateway.metrics import GatewayMetrics
 from gateway.router import Router
 from gateway.settings import Settings
 from gateway.slo import SloAdmission
+from gateway.tenancy import KeyStoreLike
 
 
 @dataclass(slots=True)
@@ -23,12 +23,12 @@ class Gateway:
     settings: Settings
     registry: BackendRegistry
     metrics: GatewayMetrics
-    redis: aioredis.Redis
-    store: KeyStore
+    redis: aioredis.Redis | None  # None: state in memory, a single replica
+    store: KeyStoreLike
     auth: Authenticator
     upstream: UpstreamClient
     router: Router
-    quotas: QuotaStore
+    quotas: QuotaStoreLike
     slo: SloAdmission
     num_in_flight: int = 0
     is_draining: bool = False

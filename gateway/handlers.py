@@ -48,11 +48,12 @@ async def readyz(request: web.Request) -> web.Response:
     problems = []
     if gw.is_draining:
         problems.append("the gateway is shutting down")
-    try:
-        async with asyncio.timeout(0.5):
-            await gw.redis.ping()
-    except (RedisError, OSError, TimeoutError) as exc:
-        problems.append(f"Redis unreachable ({exc.__class__.__name__})")
+    if gw.redis is not None:  # None: the state is in this process
+        try:
+            async with asyncio.timeout(0.5):
+                await gw.redis.ping()
+        except (RedisError, OSError, TimeoutError) as exc:
+            problems.append(f"Redis unreachable ({exc.__class__.__name__})")
     healthy = [b.name for b in gw.registry.backends if b.is_healthy]
     if not healthy:
         problems.append("no healthy backend")

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import signal
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import uvloop
@@ -25,6 +26,10 @@ from gateway.errors import error_body
 from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
+
+OnStarted = Callable[[web.Application, str], Awaitable[None]]
+"""Called once the gateway listens, with the app and its base URL (``switchyard serve
+--backend`` creates its tenant and prints its banner here)."""
 
 
 class _JsonErrorRequestHandler(RequestHandler):
@@ -63,7 +68,8 @@ class _JsonErrorServer(Server):
         return _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
 
 
-async def run_until_signalled(settings: Settings, *, ready_line: bool = True) -> None:
+async def run_until_signalled(settings: Settings, *, ready_line: bool = True,
+                              on_started: OnStarted | None = None) -> None:
     app = create_app(settings)
     runner = web.AppRunner(
         app,
@@ -80,6 +86,7 @@ async def run_until_signalled(settings: Settings, *, ready_line: bool = True) ->
     site = web.SockSite(runner, sock)
     await site.start()
     host, port = sock.getsockname()[:2]
+    url_host = f"[{host}]" if ":" in host else host
     if ready_line:
         print(f"switchyard gateway listening on http://{host}:{port}", flush=True)
     stop = asyncio.Event()
@@ -87,6 +94,8 @@ async def run_until_signalled(settings: Settings, *, ready_line: bool = True) ->
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     try:
+        if on_started is not None:
+            await on_started(app, f"http://{url_host}:{port}")
         await stop.wait()
         log.info("signal received: draining for up to %.0f s", settings.drain_timeout_s)
         app[GATEWAY].is_draining = True

@@ -78,9 +78,7 @@ class BackendSettings(_Strict):
     @field_validator("url")
     @classmethod
     def _check_url(cls, value: str) -> str:
-        if not re.match(r"^https?://[^/\s]+(/[^\s]*)?$", value):
-            raise ValueError("must be an http:// or https:// URL such as http://10.0.0.7:8000")
-        return value.rstrip("/")
+        return check_backend_url(value)
 
     @field_validator("health_path")
     @classmethod
@@ -88,6 +86,13 @@ class BackendSettings(_Strict):
         if not value.startswith("/"):
             raise ValueError("must start with '/'")
         return value
+
+
+def check_backend_url(value: str) -> str:
+    """``value`` without a trailing slash, or ValueError when it is not an engine's URL."""
+    if not re.match(r"^https?://[^/\s]+(/[^\s]*)?$", value):
+        raise ValueError("must be an http:// or https:// URL such as http://10.0.0.7:8000")
+    return value.rstrip("/")
 
 
 class TierSettings(_Strict):
@@ -184,6 +189,10 @@ class AdmissionSettings(_Strict):
 
 class Settings(_Strict):
     listen: ListenSettings = ListenSettings()
+    state: Literal["redis", "memory"] = Field(
+        "redis", description="where tenants, keys and quotas live: Redis, shared by every "
+        "replica, or this process (a single replica; tenants and keys are lost at exit; no "
+        "worker discovery or approximate-index sharing; redis_url unused)")
     redis_url: str = "redis://127.0.0.1:6379/0"
     admin_token: SecretStr | None = None
     key_secret: SecretStr | None = Field(
@@ -248,8 +257,10 @@ class ConfigError(Exception):
         super().__init__("\n".join(f"{loc}: {msg}" for loc, msg in errors))
 
 
-def load_settings(path: str | Path | None, environ: Mapping[str, str] | None = None) -> Settings:
-    """Read ``path`` (optional), overlay ``SWITCHYARD_*`` variables, validate; or ConfigError."""
+def load_settings(path: str | Path | None, environ: Mapping[str, str] | None = None, *,
+                  overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Read ``path`` (optional), overlay ``SWITCHYARD_*`` variables, then ``overrides`` (top-level
+    fields; a mapping is merged one level deep), validate; or ConfigError."""
     environ = os.environ if environ is None else environ
     data: dict[str, Any] = {}
     lines: dict[tuple[str | int, ...], int] = {}
@@ -275,6 +286,14 @@ def load_settings(path: str | Path | None, environ: Mapping[str, str] | None = N
         if node is not None:
             _collect_lines(node, (), lines)
     env_sources = _overlay_env(data, environ)
+    for name, value in (overrides or {}).items():
+        current = data.get(name)
+        if isinstance(value, Mapping) and isinstance(current, dict):
+            data[name] = {**current, **value}
+        else:
+            data[name] = value
+        env_sources = {k: v for k, v in env_sources.items() if k[0] != name or
+                       (isinstance(value, Mapping) and len(k) > 1 and k[1] not in value)}
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:

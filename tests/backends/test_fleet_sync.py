@@ -51,3 +51,18 @@ async def test_finishes_seen_since_a_heartbeat_survive_polls_that_reread_it(
         assert backend.num_finished_since_load == 0
         assert backend.state(0.0).num_running == 1
     await publisher.withdraw()
+
+
+async def test_without_redis_only_listed_engines_are_followed() -> None:
+    registry = BackendRegistry([])
+    async with aiohttp.ClientSession() as session:
+        sync = FleetSync(registry, None, session, discover_workers=True)
+        await sync.poll_members()  # no Redis: nothing to read, nothing raised
+        await sync.consume_kv_events()  # returns at once
+        tasks = sync.start()
+        try:
+            assert sorted(t.get_name() for t in tasks) == ["fleet-metrics", "fleet-profiles"]
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -84,6 +84,24 @@ def test_good_file_loads(tmp_path: Path) -> None:
     assert settings.default_tier == "batch"
 
 
+@pytest.mark.parametrize(
+    ("text", "state"),
+    [pytest.param("", "redis", id="default-redis"),
+     pytest.param("state: memory\n", "memory", id="memory"),
+     pytest.param("state: redis\n", "redis", id="redis")],
+)
+def test_state_is_redis_unless_memory_is_chosen(tmp_path: Path, text: str, state: str) -> None:
+    assert load_settings(write(tmp_path, text), environ={}).state == state
+
+
+def test_overrides_win_over_env_and_merge_one_level() -> None:
+    env = {"SWITCHYARD_LISTEN__HOST": "0.0.0.0", "SWITCHYARD_LISTEN__PORT": "9000",
+           "SWITCHYARD_STATE": "redis"}
+    settings = load_settings(None, env, overrides={"listen": {"port": 9100}, "state": "memory"})
+    assert (settings.listen.host, settings.listen.port, settings.state) == (
+        "0.0.0.0", 9100, "memory")
+
+
 def test_no_file_gives_defaults() -> None:
     settings = load_settings(None, {})
     assert settings == Settings()
@@ -125,6 +143,7 @@ def test_every_error_is_reported_with_file_line_and_path(tmp_path: Path) -> None
         pytest.param("backends:\n  - name: 'bad name!'\n    url: http://h:1\n    models: [m]\n",
                      2, "backends[0].name", "letters", id="bad-backend-name"),
         pytest.param("listen: 5\n", 1, "listen", "dictionary", id="section-not-a-mapping"),
+        pytest.param("state: disk\n", 1, "state", "'redis' or 'memory'", id="unknown-state"),
     ],
 )
 def test_rejected_settings(
