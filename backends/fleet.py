@@ -33,7 +33,10 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from backends.profiles import (
+    INFERRED_SOURCE,
     ProfileFacts,
+    SaturationWatch,
+    facts,
     heartbeat_facts,
     merge,
     parse_llamacpp_props,
@@ -122,6 +125,7 @@ class FleetSync:
         self._epochs: dict[str, str] = {}  # backend name -> its worker's current epoch
         self._worker_ids: dict[str, str] = {}  # backend name -> worker id (names its streams)
         self._load_ts_ms: dict[str, float] = {}  # backend name -> when its load figures were made
+        self._saturation = SaturationWatch()  # max batch of engines that do not say it
         self._streams_changed = asyncio.Event()
 
     async def first_look(self) -> None:
@@ -257,6 +261,11 @@ class FleetSync:
         backend.kv_usage = min(1.0, max(0.0, totals.get("kv", 0.0)))
         backend.load_observed_s = time.monotonic()
         backend.num_finished_since_load = 0
+        if backend.discover_profile:
+            inferred = self._saturation.observe(backend.name, backend.num_running,
+                                                backend.num_waiting)
+            if inferred is not None:
+                backend.learn_profile(facts(INFERRED_SOURCE, max_batch=inferred))
 
     # -- profiles of engines switchyard did not start -----------------------------------
     async def discover_profiles(self) -> None:

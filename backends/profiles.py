@@ -13,7 +13,10 @@ places, field by field, the first that has it winning:
      ``max_num_seqs``, state it;
    - SGLang: ``/get_server_info`` (``max_running_requests``, ``max_total_num_tokens``,
      ``page_size``, ``context_length``; top level or in ``internal_states``);
-   - llama.cpp: ``/props`` (``total_slots``, the per-slot ``n_ctx``).
+   - llama.cpp: ``/props`` (``total_slots``, the per-slot ``n_ctx``);
+   - an engine that does not say its max batch (vLLM's ``--max-num-seqs``): inferred from its
+     scraped load (``SaturationWatch``): the most requests it ran while others waited in its
+     queue at two scrapes in a row.
 
 ``ProfileFacts`` is one source's partial profile; ``merge`` builds the profile and a map of
 field -> source (what ``GET /admin/fleet`` shows). A KV capacity known only in tokens, with no
@@ -205,3 +208,42 @@ def _labels(line: str) -> dict[str, str]:
         out[name] = "".join(value)
         i = j + 1
     return out
+
+
+INFERRED_SOURCE = "inferred: running while requests waited"
+
+
+class SaturationWatch:
+    """Infers an engine's max batch from its scraped load, for engines that do not state it.
+
+    While requests wait in an engine's queue, it runs as many as it can: its running count
+    then is its batch limit (or what its KV allows). Seen at two scrapes in a row with the same
+    running count (one scrape can catch a request between its arrival and the next engine
+    step), that count is taken; a larger one seen so later replaces it (a limit is never less
+    than what ran). Until then it knows nothing, so it never caps an engine below what it runs.
+
+    Example::
+
+        watch = SaturationWatch()
+        watch.observe("vllm-0", running=8, waiting=3)     # None: once is not enough
+        watch.observe("vllm-0", running=8, waiting=5)     # 8
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[int, int]] = {}  # name -> (running, waiting) last scrape
+        self._inferred: dict[str, int] = {}
+
+    def observe(self, name: str, running: int, waiting: int) -> int | None:
+        """The inferred max batch after this scrape (None while unknown)."""
+        last_running, last_waiting = self._last.get(name, (0, 0))
+        self._last[name] = (running, waiting)
+        known = self._inferred.get(name)
+        is_saturated = (running > 0 and waiting > 0 and last_waiting > 0
+                        and running == last_running)
+        if (is_saturated or known is not None) and running > (known or 0):
+            self._inferred[name] = known = running
+        return known
+
+    def forget(self, name: str) -> None:
+        self._last.pop(name, None)
+        self._inferred.pop(name, None)

@@ -12,6 +12,7 @@ import pytest
 from backends.fleet import parse_engine_metrics
 from backends.profiles import (
     ProfileFacts,
+    SaturationWatch,
     facts,
     heartbeat_facts,
     merge,
@@ -135,9 +136,31 @@ def test_a_real_vllm_server() -> None:
     (scripts/vllm/check.sh --record)."""
     metrics = fixture("real_vllm_metrics.txt")
     cache = parse_vllm_cache_config(metrics)
-    assert dict(cache.values) == {"block_size": 128, "kv_capacity_tokens": 46592}
+    assert dict(cache.values) == {"block_size": 128, "kv_capacity_tokens": 182 * 128}
     assert dict(parse_openai_models(fixture("real_vllm_models.json")).values) == {
         "max_context_tokens": 2048}
     assert parse_engine_metrics(metrics) == {"running": 0.0, "waiting": 0.0, "kv": 0.0}
     body = (FIXTURES / "real_vllm_chat_cached.json").read_bytes()
     assert reported_cache_usage(body) == (1138, 1024)
+
+
+@pytest.mark.parametrize(
+    ("scrapes", "inferred"),
+    [
+        pytest.param([(8, 3)], None, id="once-is-not-enough"),
+        pytest.param([(8, 3), (8, 5)], 8, id="twice-in-a-row-saturated"),
+        pytest.param([(5, 1), (6, 1), (7, 0)], None, id="running-moves-no-limit-seen"),
+        pytest.param([(4, 0), (4, 0)], None, id="nothing-waits"),
+        pytest.param([(8, 3), (8, 5), (3, 0)], 8, id="kept-when-load-drops"),
+        pytest.param([(6, 2), (6, 2), (9, 0)], 9, id="a-larger-count-replaces-it"),
+        pytest.param([(6, 2), (6, 2), (4, 3), (4, 3)], 6, id="never-lowered"),
+    ],
+)
+def test_max_batch_inferred_from_saturation(scrapes: list[tuple[int, int]],
+                                            inferred: int | None) -> None:
+    watch = SaturationWatch()
+    result = None
+    for running, waiting in scrapes:
+        result = watch.observe("vllm-0", running, waiting)
+    assert result == inferred
+    assert watch.observe("other", 8, 3) is None
