@@ -51,6 +51,7 @@ from routing.types import BackendState, FleetSnapshot
 _TOKEN_SCALE = 1000.0  # features near 1 keep the regression well conditioned
 _RUNNING_STEP_SCALE = 100.0
 _AHEAD_SCALE = 10.0
+_MARGIN_WINDOW = 64  # the last observations the lateness margin is taken over
 _MIN_TTFT_S = 1e-3
 
 
@@ -173,7 +174,7 @@ class TtftPredictor:
 
     def margin_s(self, backend: BackendState | str) -> float:
         """How much later than predicted ``backend``'s first tokens came lately: the
-        ``margin_quantile`` of its recent (observed - predicted), at least 0. Recomputed every
+        ``margin_quantile`` of its last 64 (observed - predicted), at least 0. Recomputed every
         16 observations."""
         name = _name(backend)
         count = self._num_observed.get(name, 0)
@@ -183,7 +184,8 @@ class TtftPredictor:
         window = self._errors.get(name)
         margin = 0.0
         if window and len(window) >= 8:
-            late = sorted(o - p for p, o in window)
+            recent = list(window)[-_MARGIN_WINDOW:]
+            late = sorted(o - p for p, o in recent)
             margin = max(0.0, late[min(len(late) - 1,
                                        int(self.config.margin_quantile * len(late)))])
         self._margins[name] = (count, margin)

@@ -176,5 +176,6 @@ def test_margin_is_how_late_first_tokens_came_lately() -> None:
     predicted = predictor.predict_s("w0", f)
     for i in range(100):  # a fit that cannot move: first tokens come 0..0.99 s late
         predictor.observe("w0", f, predicted + i / 100)
-    assert predictor.margin_s("w0") == pytest.approx(0.9, abs=0.02)
+    # the 90th percentile of the last 64 (0.36..0.99 s late)
+    assert predictor.margin_s("w0") == pytest.approx(0.93, abs=0.02)
     assert predictor.margin_s("other") == 0.0
