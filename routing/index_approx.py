@@ -119,7 +119,6 @@ class ApproxPrefixIndex:
         """For each backend, how many leading blocks of ``char_hashes`` it holds unexpired."""
         if self._ttl_by_backend:
             return self._match_per_backend(char_hashes, now_s)
-        num_blocks: dict[str, int] = {}
         oldest_s = now_s - self.ttl_s
         get = self._blocks.get
         first = get(char_hashes[0]) if char_hashes else None
@@ -132,20 +131,7 @@ class ApproxPrefixIndex:
                     break
                 depth += 1
             return PrefixMatch({name: depth}, self.block_tokens, is_exact=False)
-        for holders in map(get, islice(char_hashes, 1, None)) if alive else ():
-            if holders is None:
-                break
-            dropped = [n for n in alive if holders.get(n, _NEVER) < oldest_s]
-            if dropped:
-                for name in dropped:
-                    num_blocks[name] = depth
-                alive = [n for n in alive if n not in dropped]
-                if not alive:
-                    break
-            depth += 1
-        for name in alive:
-            num_blocks[name] = depth
-        return PrefixMatch(num_blocks, self.block_tokens, is_exact=False)
+        return self._walk(char_hashes, alive, dict.fromkeys(alive, oldest_s))
 
     def _match_per_backend(self, char_hashes: Sequence[int], now_s: float) -> PrefixMatch:
         """``match`` with some backends' claims living shorter than ``ttl_s``."""
@@ -154,6 +140,13 @@ class ApproxPrefixIndex:
         first = get(char_hashes[0]) if char_hashes else None
         oldest = {n: now_s - ttl_for(n) for n in first} if first else {}
         alive = [n for n, t in first.items() if t >= oldest[n]] if first else []
+        return self._walk(char_hashes, alive, oldest)
+
+    def _walk(self, char_hashes: Sequence[int], alive: list[str],
+              oldest: dict[str, float]) -> PrefixMatch:
+        """How deep each of ``alive`` (the first block's live holders) holds the chain, a
+        claim counting while recorded at or after ``oldest[holder]``."""
+        get = self._blocks.get
         num_blocks: dict[str, int] = {}
         depth = 1
         for holders in map(get, islice(char_hashes, 1, None)) if alive else ():
