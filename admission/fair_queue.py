@@ -137,25 +137,31 @@ class FairQueue:
         level.fair.add(slot)
         return True
 
-    def pop(self, now_s: float, max_priority: int | None = None) -> QueueEntry | None:
+    def pop(self, now_s: float, max_priority: int | None = None,
+            tier: str | None = None) -> QueueEntry | None:
         """The next entry to dispatch, charged to its tenant; None when nothing is waiting.
 
         ``max_priority`` leaves tiers of a larger priority number waiting (the fleet's last
         free slots are held for higher tiers: ``admission.headroom``); their share credit
-        still accrues."""
+        still accrues. ``tier`` takes the next entry of that tier alone, in its fair order
+        (the gateway's floor of batch slots for a backlogged lower tier: ``gateway.slo``);
+        it spends the tier's share credit like any lower-tier dispatch."""
         self._expired.extend(self._take_expired(now_s))
         waiting = [level for level in self._levels.values() if level.fair.num_live]
         if not waiting:
             self._credit_tokens = 0.0
             return None
-        eligible = waiting if max_priority is None else [
-            level for level in waiting if level.tier.priority <= max_priority]
+        if tier is not None:
+            eligible = [level for level in waiting if level.tier.name == tier]
+        else:
+            eligible = waiting if max_priority is None else [
+                level for level in waiting if level.tier.priority <= max_priority]
         if not eligible:
             return None
         chosen = eligible[0]
         if len(waiting) == 1:
             self._credit_tokens = 0.0
-        elif len(eligible) > 1:
+        elif tier is None and len(eligible) > 1:
             lower = min(eligible[1:], key=lambda level: level.fair.oldest_arrival_s())
             if self._credit_tokens >= charged_tokens(lower.fair.head().entry):
                 chosen = lower
@@ -163,7 +169,7 @@ class FairQueue:
         self._forget(slot)
         cost = charged_tokens(slot.entry)
         if chosen is not waiting[0]:
-            self._credit_tokens -= cost
+            self._credit_tokens = max(0.0, self._credit_tokens - cost)
         elif len(waiting) > 1:
             self._credit_tokens += cost * self._share_ratio
         return slot.entry

@@ -77,6 +77,12 @@ class SloAdmission:
         # (``observe_first_token`` and ``finished`` run in it): to record where a stream ended.
         self._stream_backends: dict[asyncio.Task[object], str] = {}
         self._waiters: dict[str, asyncio.Future[None]] = {}
+        # Requests admitted and not yet finished, per tier, and each one's tier by the
+        # handler's task (``admit`` and ``finished`` run in it): the floor of batch slots a
+        # backlogged lower tier is owed (``owed_tier``).
+        self.num_running_by_tier: dict[str, int] = dict.fromkeys(self.tiers, 0)
+        self._running_tiers: dict[asyncio.Task[object], str] = {}
+        self.lower_tier_share = (queue_config or FairQueueConfig()).lower_tier_share
         self._wakeup = asyncio.Event()
         self._tick_s = tick_s
         self.num_rejected: dict[str, int] = {}
@@ -113,11 +119,13 @@ class SloAdmission:
         decision = decide(request, snapshot, self.predictor, now_s,
                           num_queued_ahead=self.queue.num_ahead(tier) if len(self.queue) else 0,
                           reserved_slots=self.reserved_slots(tier, snapshot, now_s,
-                                                             plan.request.model),
+                                                             plan.request.model)
+                          + self.owed_slots_below(tier, snapshot),
                           slot_free_rate_per_s=self.ends.rate(_ENDS, now_s))
         if decision.action == "admit":
             plan.snapshot = snapshot  # routing reuses it: no second snapshot
             plan.snapshot_taken_s = now_s
+            self._started(tier)
             return
         if decision.action == "reject":
             self._reject_count(decision.reason)
@@ -141,6 +149,13 @@ class SloAdmission:
         now_s = time.monotonic()
         plan.snapshot = self._snapshot(now_s, plan)
         plan.snapshot_taken_s = now_s
+        self._started(tier)
+
+    def _started(self, tier: Tier) -> None:
+        task = _current_task()
+        if task is not None:
+            self._running_tiers[task] = tier.name
+            self.num_running_by_tier[tier.name] += 1
 
     def _snapshot(self, now_s: float, plan: RoutePlan | None = None) -> FleetSnapshot:
         """The fleet as routing sees it, less the streams seen ending after each heartbeat."""
@@ -165,6 +180,9 @@ class SloAdmission:
         """Settle the queue's charge to the actual tokens and let the dispatcher look again."""
         task = _current_task()
         backend = self._stream_backends.pop(task, None) if task is not None else None
+        running_tier = self._running_tiers.pop(task, None) if task is not None else None
+        if running_tier is not None:
+            self.num_running_by_tier[running_tier] -= 1
         now_s = time.monotonic()
         if backend is not None:
             self.finishes.record(backend, now_s)
@@ -205,7 +223,12 @@ class SloAdmission:
             snapshot = self._snapshot(now_s)
             if not fleet_has_capacity(snapshot):
                 return 0
-            popped = self.queue.pop(now_s, self._max_dispatch_priority(snapshot, now_s))
+            owed = self.owed_tier(snapshot)
+            popped = None
+            if owed is not None and self._may_take_owed_slot(owed, snapshot, now_s):
+                popped = self.queue.pop(now_s, tier=owed.name)
+            if popped is None:
+                popped = self.queue.pop(now_s, self._max_dispatch_priority(snapshot, now_s))
             if popped is None:
                 return 0
             waiter = self._waiters.get(popped.entry_id)
@@ -230,6 +253,52 @@ class SloAdmission:
         return reserved_slots(tier, self.tiers.values(), self.arrivals, now_s,
                               total_slots=room[1], factor=self.headroom_factor,
                               max_share=self.headroom_max_share)
+
+    # -- the floor for backlogged lower tiers ----------------------------------------------
+    def floor_slots(self, snapshot: FleetSnapshot) -> int:
+        """Batch slots a backlogged lower tier may always hold: ``lower_tier_share`` of the
+        fleet's slots, at least one (one when the fleet's slots are unknown)."""
+        room = fleet_free_slots(snapshot)
+        total = room[1] if room is not None else 0
+        return max(1, int(self.lower_tier_share * total)) if self.lower_tier_share > 0 else 0
+
+    def owed_tier(self, snapshot: FleetSnapshot) -> Tier | None:
+        """The highest lower tier (not the top one) with requests queued and fewer running
+        than its floor: the dispatcher gives it the next free slot, ahead of the tiers
+        above it but the top one, and direct admissions of those tiers leave it that slot.
+        The queue's token share alone left batch without a first token for 39 s at 2x:
+        the higher tiers' requests mostly start without queueing, earning it no credit."""
+        if not len(self.queue):
+            return None
+        lengths = self.queue.lengths()
+        floor: int | None = None
+        for tier in sorted(self.tiers.values(), key=lambda t: t.priority)[1:]:
+            if not lengths.get(tier.name):
+                continue
+            if floor is None:
+                floor = self.floor_slots(snapshot)
+            if self.num_running_by_tier.get(tier.name, 0) < floor:
+                return tier
+        return None
+
+    def owed_slots_below(self, tier: Tier, snapshot: FleetSnapshot) -> int:
+        """Free slots a request of ``tier`` must leave to an owed lower tier (the top tier
+        leaves none)."""
+        if not len(self.queue) or tier.priority == min(t.priority for t in self.tiers.values()):
+            return 0
+        owed = self.owed_tier(snapshot)
+        if owed is None or owed.priority <= tier.priority:
+            return 0
+        return self.floor_slots(snapshot) - self.num_running_by_tier.get(owed.name, 0)
+
+    def _may_take_owed_slot(self, owed: Tier, snapshot: FleetSnapshot, now_s: float) -> bool:
+        """An owed tier's request keeps only the top tier's headroom free."""
+        room = fleet_free_slots(snapshot)
+        if room is None:
+            return True
+        ranked = sorted(self.tiers.values(), key=lambda t: t.priority)
+        second = ranked[1] if len(ranked) > 1 else owed
+        return room[0] > self.reserved_slots(second, snapshot, now_s, room=room)
 
     def _max_dispatch_priority(self, snapshot: FleetSnapshot, now_s: float) -> int | None:
         """The lowest tier (largest priority number) the fleet's free slots may go to now."""
