@@ -113,11 +113,13 @@ class FairQueue:
         return sum(level.fair.num_live for level in self._levels.values()
                    if level.tier.priority <= tier.priority)
 
-    def push(self, entry: QueueEntry, now_s: float) -> bool:
+    def push(self, entry: QueueEntry, now_s: float, *, is_front: bool = False) -> bool:
         """Enqueue ``entry``; False (and nothing stored) when a size bound is reached.
 
         ``now_s`` is when it is queued; its ``arrival_s`` (which orders the tier share) may be
         earlier. An entry whose deadline has already passed is handed back by ``expire``.
+        ``is_front``: it goes ahead of its tier's fair order, behind the tier's other front
+        entries (a request back when its ``Retry-After`` said: ``admission.retry_book``).
         """
         level = self._levels.get(entry.tier)
         if level is None:
@@ -129,7 +131,7 @@ class FairQueue:
         if (len(self._slots) >= self.config.max_total or level.fair.num_live >= level.max_len
                 or (max_per_tenant is not None and num_tenant >= max_per_tenant)):
             return False
-        slot = Slot(entry)
+        slot = Slot(entry, is_front=is_front)
         self._slots[entry.entry_id] = slot
         self._per_tenant[entry.tenant] = num_tenant + 1
         if entry.deadline_s is not None:

@@ -65,13 +65,15 @@ def charged_tokens(entry: QueueEntry) -> int:
 
 
 class Slot:
-    """An entry's place in the queue; ``is_live`` turns False when it leaves."""
+    """An entry's place in the queue; ``is_live`` turns False when it leaves. ``is_front``:
+    it waits in the tier's front lane (a returning request: ``TierFairQueue.add``)."""
 
-    __slots__ = ("arrival_handle", "deadline_handle", "entry", "is_live")
+    __slots__ = ("arrival_handle", "deadline_handle", "entry", "is_front", "is_live")
 
-    def __init__(self, entry: QueueEntry) -> None:
+    def __init__(self, entry: QueueEntry, *, is_front: bool = False) -> None:
         self.entry = entry
         self.is_live = True
+        self.is_front = is_front
         self.arrival_handle = -1
         self.deadline_handle = -1
 
@@ -93,11 +95,17 @@ class _Flow:
 
 
 class TierFairQueue:
-    """The tenants of one tier, served in start-tag order."""
+    """The tenants of one tier, served in start-tag order, after the front lane.
+
+    The front lane holds requests that come back when their ``Retry-After`` said
+    (``admission.retry_book``): they keep the place their refusal promised, so they leave
+    first, in the order they came back, and are charged to their tenant's flow like any
+    dispatch (the tenant's next requests wait that much longer in the fair order)."""
 
     def __init__(self) -> None:
         self.virtual_time = 0.0
         self.num_live = 0
+        self._front: deque[Slot] = deque()
         self._max_finish_tag = 0.0
         self._flows: dict[str, _Flow] = {}
         self._flow_heap: LazyHeap[str] = LazyHeap()  # backlogged tenants by head start tag
@@ -105,6 +113,11 @@ class TierFairQueue:
 
     def add(self, slot: Slot) -> None:
         entry = slot.entry
+        if slot.is_front:
+            self._front.append(slot)
+            self.num_live += 1
+            slot.arrival_handle = self._arrivals.push(entry.arrival_s, slot)
+            return
         flow = self._flows.get(entry.tenant)
         if flow is None:
             flow = self._flows[entry.tenant] = _Flow(self.virtual_time)
@@ -118,6 +131,9 @@ class TierFairQueue:
 
     def head(self) -> Slot:
         """The slot dispatch would take next; the tier must not be empty."""
+        front = self._live_front()
+        if front is not None:
+            return front
         top = self._flow_heap.peek()
         assert top is not None, "head() of an empty tier"
         return self._flows[top[1]].front()
@@ -128,6 +144,12 @@ class TierFairQueue:
 
     def take_head(self) -> Slot:
         """Dispatch: remove the head slot and charge its tenant ``charged_tokens``."""
+        front = self._live_front()
+        if front is not None:
+            self._front.popleft()
+            self.charge(front.entry.tenant, charged_tokens(front.entry), front.entry.weight)
+            self._leave_front(front)
+            return front
         top = self._flow_heap.pop()
         assert top is not None, "take_head() of an empty tier"
         start_tag, tenant = top
@@ -142,16 +164,21 @@ class TierFairQueue:
 
     def drop(self, slot: Slot) -> None:
         """Remove a slot that was not served (expired, or the client went away)."""
+        if slot.is_front:
+            self._leave_front(slot)
+            return
         flow = self._flows[slot.entry.tenant]
         self._leave(slot.entry.tenant, flow, slot)
         if flow.num_live and len(flow.slots) > 2 * flow.num_live + _MIN_FLOW_COMPACT:
             flow.slots = deque(s for s in flow.slots if s.is_live)
 
-    def charge(self, tenant: str, tokens: int) -> None:
+    def charge(self, tenant: str, tokens: int, weight: float | None = None) -> None:
         """Settle ``tokens`` more (or, negative, fewer) than the tenant was charged."""
         flow = self._flows.get(tenant)
         if flow is None:
             flow = self._flows[tenant] = _Flow(self.virtual_time)
+        if weight is not None:
+            flow.weight = weight
         base = max(flow.finish_tag, self.virtual_time) if tokens > 0 else flow.finish_tag
         flow.finish_tag = base + tokens / flow.weight
         self._max_finish_tag = max(self._max_finish_tag, flow.finish_tag)
@@ -160,6 +187,20 @@ class TierFairQueue:
             self._schedule(tenant, flow)
         elif flow.finish_tag <= self.virtual_time:
             del self._flows[tenant]
+
+    def _live_front(self) -> Slot | None:
+        while self._front and not self._front[0].is_live:
+            self._front.popleft()
+        return self._front[0] if self._front else None
+
+    def _leave_front(self, slot: Slot) -> None:
+        slot.is_live = False
+        self.num_live -= 1
+        self._arrivals.discard(slot.arrival_handle)
+        if self.num_live == 0:
+            self._front.clear()
+            self.virtual_time = max(self.virtual_time, self._max_finish_tag)
+            self._flows.clear()
 
     def _schedule(self, tenant: str, flow: _Flow) -> None:
         flow.handle = self._flow_heap.push(max(self.virtual_time, flow.finish_tag), tenant)

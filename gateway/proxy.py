@@ -73,7 +73,7 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
             trace.waited("quota", waited_s)
         try:
             trace.waiting("admission_queue")
-            await gw.slo.admit(tier, principal, plan, request[REQUEST_ID])
+            await gw.slo.admit(tier, principal, plan, request[REQUEST_ID], body=raw)
             trace.waited("admission_queue")
             response = await _forward(request, gw, route, parsed, raw, plan, ticket)
         finally:

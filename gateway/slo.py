@@ -38,6 +38,7 @@ from admission.policy import (
     reject_expired,
 )
 from admission.predictor import TtftPredictor, snapshot_features
+from admission.retry_book import RetryBook, retry_key
 from admission.tiers import (
     Tier,
     TierConfig,
@@ -83,6 +84,7 @@ class SloAdmission:
         self.num_running_by_tier: dict[str, int] = dict.fromkeys(self.tiers, 0)
         self._running_tiers: dict[asyncio.Task[object], str] = {}
         self.lower_tier_share = (queue_config or FairQueueConfig()).lower_tier_share
+        self.retries = RetryBook()  # refusals' booked returns (admission/retry_book.py)
         self._wakeup = asyncio.Event()
         self._tick_s = tick_s
         self.num_rejected: dict[str, int] = {}
@@ -102,12 +104,19 @@ class SloAdmission:
                            code="tier_misconfigured") from None
 
     async def admit(self, tier: Tier, principal: Principal, plan: RoutePlan,
-                    request_id: str) -> None:
-        """Return when the request may go upstream; raise APIError 503 when it may not."""
+                    request_id: str, body: bytes | None = None) -> None:
+        """Return when the request may go upstream; raise APIError 503 when it may not.
+
+        ``body``: the request's bytes, which with the tenant identify it when it comes back
+        after a refusal's ``Retry-After`` (``admission.retry_book``): a request back in time
+        goes to the front of its tier's queue."""
         if not self.is_enabled:
             return
         plan.needs_free_slot = True
         now_s = time.monotonic()
+        key = None if body is None else retry_key(principal.tenant.id, body)
+        is_returning = (key is not None and len(self.retries) > 0
+                        and self.retries.redeem(key, now_s) is not None)
         snapshot = self._snapshot(now_s, plan)
         if not any(b.is_healthy for b in snapshot.backends):
             return  # nothing to wait for: routing answers 503 no_healthy_backend at once
@@ -127,21 +136,30 @@ class SloAdmission:
             plan.snapshot_taken_s = now_s
             self._started(tier)
             return
-        if decision.action == "reject":
+        deadline_s = decision.deadline_s
+        if is_returning:
+            # Back when its refusal said: it waits at the front of its tier, for its tier's
+            # usual wait (a tier that never queues: its TTFT SLO), whatever the prediction.
+            deadline_s = now_s + max(tier.max_wait_s, tier.ttft_slo_s)
+        elif decision.action == "reject":
             self._reject_count(decision.reason)
-            raise _overloaded(tier, decision.reason, decision.retry_after_s)
+            raise self._refused(tier, decision.reason, decision.retry_after_s, key, now_s)
         entry = QueueEntry(entry_id=request_id, tenant=principal.tenant.id, tier=tier.name,
                            cost_tokens=plan.reserved_tokens, arrival_s=now_s,
-                           deadline_s=decision.deadline_s, weight=principal.tenant.weight)
-        if request_id in self.queue or not self.queue.push(entry, now_s):
+                           deadline_s=deadline_s, weight=principal.tenant.weight)
+        if request_id in self.queue or not self.queue.push(entry, now_s,
+                                                           is_front=is_returning):
             self._reject_count("queue full")
-            raise _overloaded(tier, "the admission queue is full", 1.0)
+            raise self._refused(tier, "the admission queue is full", 1.0, key, now_s)
         self.num_queued += 1
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = waiter
         self._wakeup.set()
         try:
             await waiter
+        except _Expired as expired:
+            raise self._refused(tier, expired.reason, expired.retry_after_s, key,
+                                time.monotonic()) from None
         finally:
             self._waiters.pop(request_id, None)
             self.queue.remove(request_id)  # no-op once dispatched; the client may have left
@@ -150,6 +168,14 @@ class SloAdmission:
         plan.snapshot = self._snapshot(now_s, plan)
         plan.snapshot_taken_s = now_s
         self._started(tier)
+
+    def _refused(self, tier: Tier, reason: str, retry_after_s: float | None,
+                 key: bytes | None, now_s: float) -> APIError:
+        """The 503 for a refusal, its return booked when the request can be known again."""
+        if key is not None:
+            retry_after_s = self.retries.issue(key, tier.name, now_s, retry_after_s or 1.0,
+                                               rate_per_s=self.ends.rate(_ENDS, now_s))
+        return _overloaded(tier, reason, retry_after_s)
 
     def _started(self, tier: Tier) -> None:
         task = _current_task()
@@ -215,8 +241,7 @@ class SloAdmission:
                                           num_queued_ahead=self.queue.num_ahead(tier),
                                           slot_free_rate_per_s=self.ends.rate(_ENDS, now_s))
                 self._reject_count("deadline passed in the queue")
-                waiter.set_exception(_overloaded(self.tiers[entry.tier], decision.reason,
-                                                 decision.retry_after_s))
+                waiter.set_exception(_Expired(decision.reason, decision.retry_after_s))
         # One release per pass: the released handler routes (and counts itself in flight on
         # its backend) before the next pass looks at the fleet again.
         while len(self.queue):
@@ -338,6 +363,15 @@ class SloAdmission:
         yield gauge_family("switchyard_ttft_predictor_bias_seconds",
                            "Mean predicted minus observed TTFT over recent predictions.", None,
                            errors.bias_s)
+
+
+class _Expired(Exception):
+    """Handed to a queued request's waiter when its deadline passed in the queue."""
+
+    def __init__(self, reason: str, retry_after_s: float | None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
 
 
 def _current_task() -> asyncio.Task[object] | None:

@@ -240,3 +240,27 @@ def test_deterministic() -> None:
         return out + [e.entry_id for e in drain(q, 300.0)]
 
     assert run() == run()
+
+
+def test_front_entries_leave_first_and_are_charged_to_their_tenant() -> None:
+    queue = FairQueue(DEFAULT_TIERS)
+    for i, tenant in enumerate(("a", "b", "a")):
+        queue.push(QueueEntry(f"{tenant}-{i}", tenant, "standard", cost_tokens=100,
+                              arrival_s=float(i)), float(i))
+    queue.push(QueueEntry("b-back", "b", "standard", cost_tokens=100, arrival_s=5.0), 5.0,
+               is_front=True)
+    queue.push(QueueEntry("b-gone", "b", "standard", cost_tokens=100, arrival_s=5.5,
+                          deadline_s=6.0), 5.5, is_front=True)
+    assert queue.lengths()["standard"] == 5
+    order = [e.entry_id for e in iter(lambda: queue.pop(7.0), None)]
+    # the expired front entry never leaves; b's return was charged: b's next waits behind a's
+    assert order == ["b-back", "a-0", "b-1", "a-2"]
+    assert [e.entry_id for e in queue.expire(7.0)] == ["b-gone"]
+    assert len(queue) == 0
+
+
+def test_a_front_entry_can_be_removed() -> None:
+    queue = FairQueue(DEFAULT_TIERS)
+    queue.push(QueueEntry("x", "a", "batch", cost_tokens=1, arrival_s=0.0), 0.0, is_front=True)
+    assert queue.remove("x") is not None
+    assert queue.pop(1.0) is None and len(queue) == 0
