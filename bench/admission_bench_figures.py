@@ -52,24 +52,40 @@ def jain(values: Sequence[float]) -> float | None:
     return sum(values) ** 2 / (len(values) * total_sq)
 
 
-def max_min_shares(demands: Mapping[str, float], total: float) -> dict[str, float]:
-    """Water-filling: each tenant gets its demand or an equal share of what is left, whichever
-    is smaller, until ``total`` is spent. Example: demands {a: 1, b: 10}, total 4 -> a 1, b 3."""
+def max_min_shares(demands: Mapping[str, float], total: float,
+                   weights: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Weighted water-filling: each tenant gets its demand or ``weight`` times the level left,
+    whichever is smaller, until ``total`` is spent (missing weights: 1). Example: demands
+    {a: 1, b: 10}, total 4 -> a 1, b 3; the same with weights {b: 3}, total 2 -> a 0.5, b 1.5."""
+    def weight(name: str) -> float:
+        return (weights or {}).get(name, 1.0)
+
     shares = dict.fromkeys(demands, 0.0)
     left = total
-    pending = sorted(demands, key=lambda name: demands[name])
+    # Tenants leave the pool in order of demand per unit of weight: the first to be satisfied.
+    pending = sorted(demands, key=lambda name: demands[name] / weight(name))
     while pending and left > 1e-12:
-        level = left / len(pending)
+        level = left / sum(weight(name) for name in pending)
         name = pending[0]
-        if demands[name] <= level:
+        if demands[name] <= level * weight(name):
             shares[name] = demands[name]
             left -= demands[name]
             pending.pop(0)
             continue
         for other in pending:
-            shares[other] = level
+            shares[other] = level * weight(other)
         left = 0.0
     return shares
+
+
+def weighted_jain(values: Sequence[tuple[float, float]]) -> float | None:
+    """Jain's index of values each with a weight (value, weight): (sum w x)^2 / (sum w *
+    sum w x^2); 1 when all are equal, the plain index when the weights are."""
+    total_w = sum(w for _, w in values)
+    total_sq = sum(w * x * x for x, w in values)
+    if not values or total_w <= 0 or total_sq == 0:
+        return None
+    return sum(w * x for x, w in values) ** 2 / (total_w * total_sq)
 
 
 def is_rejected(record: Record) -> bool:
@@ -174,10 +190,11 @@ def tier_figures(records: Sequence[Record], slo: Slo | None, window_s: float,
 
 
 def fairness(records: Sequence[Record], demanded_tokens: Mapping[int, int],
-             heavy: str) -> dict[str, Any]:
+             heavy: str, weights: Mapping[str, float] | None = None) -> dict[str, Any]:
     """Service per tenant in tokens (the request's prompt plus max_tokens, as planned, counted
     as served when the request was answered in full); Jain's index over the tenants other
-    than ``heavy`` (equal weights, equal demand); the max-min fair variant over all of them."""
+    than ``heavy`` (equal weights, equal demand); the (``weights``-weighted) max-min fair
+    variant over all of them."""
     demanded: Counter[str] = Counter()
     served: Counter[str] = Counter()
     for r in records:
@@ -187,7 +204,8 @@ def fairness(records: Sequence[Record], demanded_tokens: Mapping[int, int],
     tenants = sorted(demanded)
     normalised = {t: served[t] / demanded[t] for t in tenants}
     light = [normalised[t] for t in tenants if t != heavy]
-    shares = max_min_shares({t: float(demanded[t]) for t in tenants}, float(sum(served.values())))
+    shares = max_min_shares({t: float(demanded[t]) for t in tenants},
+                            float(sum(served.values())), weights)
     to_fair = {t: served[t] / shares[t] for t in tenants if shares[t] > 0}
     return {
         "jain_equal_weight": jain(light),
@@ -196,29 +214,46 @@ def fairness(records: Sequence[Record], demanded_tokens: Mapping[int, int],
         "light_normalised_service_mean": sum(light) / len(light) if light else None,
         "heavy_service_over_max_min_share": to_fair.get(heavy),
         "jain_max_min": jain(list(to_fair.values())),
+        "to_max_min_share": to_fair,
+        "max_min_share_tokens": shares,
         "tokens_demanded": dict(demanded),
         "tokens_served": dict(served),
     }
 
 
+def jain_within_tiers(by_tier: Mapping[str, Mapping[str, Any]]) -> float | None:
+    """Jain's index of every (tenant, tier)'s service against its weighted max-min share
+    within its tier, each weighted by that share: fairness as the gateway promises it (strict
+    priority across tiers, weighted fair shares within one). Across tiers the max-min shares
+    contradict the tiers: the heavy tenant's interactive traffic alone, all of it served as
+    the interactive target asks, is twice its max-min share of the whole fleet at 2x."""
+    values = [(float(tier["to_max_min_share"][t]), float(share))
+              for tier in by_tier.values()
+              for t, share in tier["max_min_share_tokens"].items() if share > 0]
+    return weighted_jain(values)
+
+
 def run_figures(records: Sequence[Record], slos: Mapping[str, Slo],
                 demanded_tokens: Mapping[int, int], *, window_s: float, is_fifo: bool,
-                heavy: str) -> dict[str, Any]:
+                heavy: str, weights: Mapping[str, float] | None = None) -> dict[str, Any]:
     """Every figure of one run: per tier, overall and fairness."""
     tiers = {tier: tier_figures([r for r in records if r.tier == tier], slo, window_s, is_fifo)
              for tier, slo in slos.items()}
     overall_good = sum(t["goodput_rps"] for t in tiers.values())
+    by_tier = {tier: fairness([r for r in records if r.tier == tier], demanded_tokens, heavy,
+                              weights) for tier in slos
+               if any(r.tier == tier for r in records)}
     return {
         "tiers": tiers,
         "offered_rps": len(records) / window_s,
         "goodput_rps": overall_good,
         "throughput_rps": sum(r.is_ok for r in records) / window_s,
         "statuses": dict(Counter("200" if r.is_ok else error_kind(r) for r in records)),
-        "fairness": fairness(records, demanded_tokens, heavy),
+        "fairness": fairness(records, demanded_tokens, heavy, weights),
         # Tiers are served in strict priority, so fairness across tenants is a promise within
         # a tier: the same figures for each tier's requests alone.
-        "fairness_by_tier": {tier: fairness([r for r in records if r.tier == tier],
-                                            demanded_tokens, heavy) for tier in slos},
+        "fairness_by_tier": by_tier,
+        "jain_max_min_within_tiers": jain_within_tiers(by_tier),
         "max_lag_ms": max((r.lag_s for r in records), default=0.0) * 1000,
     }
 

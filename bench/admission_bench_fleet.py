@@ -159,8 +159,10 @@ class Fleet:
 
 
 def provision(origin: str, admin_token: str, tenants: Sequence[str], tiers: Sequence[str],
-              limits: Mapping[str, int] | None = None) -> dict[str, dict[str, str]]:
-    """Tenants (top tier: the first of ``tiers``) with one key per tier; tenant -> tier -> key."""
+              limits: Mapping[str, int] | None = None,
+              weights: Mapping[str, float] | None = None) -> dict[str, dict[str, str]]:
+    """Tenants (top tier: the first of ``tiers``; fair-share ``weights``, default 1) with one
+    key per tier; tenant -> tier -> key."""
     keys: dict[str, dict[str, str]] = {}
     with httpx.Client(base_url=origin, timeout=10,
                       headers={"Authorization": f"Bearer {admin_token}"}) as admin:
@@ -168,6 +170,8 @@ def provision(origin: str, admin_token: str, tenants: Sequence[str], tiers: Sequ
             body: dict[str, Any] = {"id": tenant, "name": tenant, "tier": tiers[0]}
             if limits:
                 body["limits"] = dict(limits)
+            if weights and tenant in weights:
+                body["weight"] = weights[tenant]
             made = admin.post("/admin/tenants", json=body)
             if made.status_code != 201:
                 raise RuntimeError(f"cannot create tenant {tenant}: {made.text[:300]}")

@@ -52,6 +52,12 @@ class Mix:
                                                  ("batch", 3))
     prompt_tokens: tuple[int, int] = (100, 400)
     max_tokens: tuple[int, int] = (16, 64)
+    # Fair-share weights set on the tenants (the rest weigh 1): the heavy one pays for two.
+    tenant_weights: tuple[tuple[str, float], ...] = ((HEAVY, 2.0),)
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return dict(self.tenant_weights)
 
     @property
     def tenants(self) -> list[str]:

@@ -114,7 +114,8 @@ def run_once(gateway: GatewayProc, keys: Keys, plan: Plan, workers: Sequence[str
     return {"rate_rps": rate_rps, "send_s": send_s, "idle_wait_s": idle_wait_s,
             "rejections": rejections, "counters": counters,
             "figures": run_figures(records, DEFAULT_SLOS, workload.demanded_tokens,
-                                   window_s=send_s, is_fifo=is_fifo, heavy=HEAVY),
+                                   window_s=send_s, is_fifo=is_fifo, heavy=HEAVY,
+                                   weights=workload.mix.weights),
             "records": [r.to_json() for r in records]}
 
 
@@ -159,7 +160,8 @@ def run_retry(gateway: GatewayProc, keys: Keys, plan: Plan, workers: Sequence[st
     return {"rate_rps": rate_rps, "send_s": plan.level_s, "idle_wait_s": idle_wait_s,
             "policy": dataclasses.asdict(plan.retry),
             "figures": run_figures(first, DEFAULT_SLOS, workload.demanded_tokens,
-                                   window_s=plan.level_s, is_fifo=False, heavy=HEAVY),
+                                   window_s=plan.level_s, is_fifo=False, heavy=HEAVY,
+                                   weights=workload.mix.weights),
             "retries": retry_figures(retrying, retries, DEFAULT_SLOS, plan.retry.tiers),
             "records": [r.to_json() for r in first],
             "retry_records": [r.to_json() for r in retries.values()]}
@@ -184,7 +186,8 @@ def run_main_fleet(workdir: Path, plan: Plan, admission: Mapping[str, Any] | Non
             wait_for_backends(gateway.url, fleet.admin_token, plan.num_workers, mode,
                               fleet.group)
         known_by = describe(fleet_snapshot(on.url, fleet.admin_token))
-        keys = provision(gateways["off"].url, fleet.admin_token, plan.mix.tenants, TIERS)
+        keys = provision(gateways["off"].url, fleet.admin_token, plan.mix.tenants, TIERS,
+                         weights=plan.mix.weights)
         for gateway in gateways.values():
             _wait_served(gateway, keys[HEAVY]["standard"])
         capacity = measure_capacity(gateways["off"], keys, plan, workers)

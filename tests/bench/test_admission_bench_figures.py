@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from bench.admission_bench_figures import longest_gap_s, retry_figures
+from bench.admission_bench_figures import (
+    longest_gap_s,
+    max_min_shares,
+    retry_figures,
+    run_figures,
+    weighted_jain,
+)
 from bench.run.options import DEFAULT_SLOS
 from bench.run.spec import Record
 
@@ -61,3 +67,48 @@ def test_retry_figures_without_refusals() -> None:
     figures = retry_figures([record(0, 0.0)], {}, DEFAULT_SLOS, ("interactive",))
     assert figures["num_retried"] == 0
     assert figures["admitted_share"] is None and figures["met_slo_share"] is None
+
+
+@pytest.mark.parametrize(("demands", "total", "weights", "expected"), [
+    pytest.param({"a": 1.0, "b": 10.0}, 4.0, None, {"a": 1.0, "b": 3.0}, id="unweighted"),
+    pytest.param({"a": 1.0, "b": 10.0}, 2.0, {"b": 3.0}, {"a": 0.5, "b": 1.5},
+                 id="both-capped-by-weight"),
+    pytest.param({"a": 1.0, "b": 10.0, "c": 10.0}, 9.0, {"c": 2.0},
+                 {"a": 1.0, "b": 8.0 / 3, "c": 16.0 / 3}, id="a-satisfied-the-rest-by-weight"),
+    pytest.param({"a": 1.0, "b": 2.0}, 5.0, {"a": 9.0}, {"a": 1.0, "b": 2.0},
+                 id="all-satisfied"),
+])
+def test_weighted_max_min_shares(demands: dict[str, float], total: float,
+                                 weights: dict[str, float] | None,
+                                 expected: dict[str, float]) -> None:
+    assert max_min_shares(demands, total, weights) == pytest.approx(expected)
+
+
+def test_weighted_jain() -> None:
+    assert weighted_jain([(1.0, 5.0), (1.0, 1.0)]) == pytest.approx(1.0)
+    assert weighted_jain([(2.0, 1.0), (0.0, 1.0)]) == pytest.approx(0.5)  # the plain index
+    # a small share far off its fair value weighs little
+    assert weighted_jain([(1.0, 99.0), (0.0, 1.0)]) == pytest.approx(0.99)
+    assert weighted_jain([]) is None
+
+
+def test_fairness_within_tiers_judges_each_tier_by_its_own_shares() -> None:
+    """Heavy t0 gets all its interactive traffic (more than its share of the whole fleet) and
+    an equal share of standard with t1: fair within each tier, not across them."""
+    demanded = {0: 100, 1: 100, 2: 100, 3: 100, 4: 100, 5: 100}
+    records = [Record(index=i, tenant=tenant, tier=tier, phase=0, is_stream=True,
+                      sent_at_s=0.0, lag_s=0.0, status=status, ttft_s=0.1, e2e_s=0.2)
+               for i, (tenant, tier, status) in enumerate([
+                   ("t0", "interactive", 200), ("t0", "interactive", 200),
+                   ("t0", "interactive", 200), ("t0", "standard", 200),
+                   ("t1", "standard", 200), ("t1", "standard", 503)])]
+    figures = run_figures(records, DEFAULT_SLOS, demanded, window_s=10.0, is_fifo=False,
+                          heavy="t0")
+    assert figures["jain_max_min_within_tiers"] == pytest.approx(1.0)
+    assert figures["fairness"]["jain_max_min"] < 0.95  # across tiers t0 looks favoured
+    unfair = [Record(index=r.index, tenant=r.tenant, tier=r.tier, phase=0, is_stream=True,
+                     sent_at_s=0.0, lag_s=0.0, status=503 if r.index == 4 else r.status,
+                     ttft_s=0.1, e2e_s=0.2) for r in records]  # standard: t0 over t1
+    figures = run_figures(unfair, DEFAULT_SLOS, demanded, window_s=10.0, is_fifo=False,
+                          heavy="t0")
+    assert figures["jain_max_min_within_tiers"] < 0.95

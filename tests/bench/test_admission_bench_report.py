@@ -21,7 +21,7 @@ def mode_run(goodput_rps: float, batch_gap_s: float | None = 2.0, num_batch_firs
              retry_admitted: float | None = 0.9) -> dict[str, Any]:
     fairness = {"jain_equal_weight": 0.99, "jain_max_min": 0.96}
     on = {"level": 2.0, "mode": "on", "figures": {
-        "goodput_rps": goodput_rps, "fairness": fairness,
+        "goodput_rps": goodput_rps, "fairness": fairness, "jain_max_min_within_tiers": 0.97,
         "tiers": tiers(1.0, 0.97, batch_gap_s, num_batch_first)}}
     off = {"level": 2.0, "mode": "off", "figures": {"goodput_rps": 5.0}}
     return {"capacity": {"capacity_rps": 10.0}, "levels": [on, off],
