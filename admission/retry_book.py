@@ -6,10 +6,14 @@ refused again. So each refusal books its return:
 
 - the refused request's *key* (its tenant and the hash of its body: the official SDKs and any
   well-behaved client resend the same bytes) gets a ticket due ``Retry-After`` seconds later;
-- tickets are booked in whole-second buckets per tier, at most ``share`` of the fleet's recent
-  rate of ending requests per second each (``rate_per_s``): a bucket that is full pushes the
-  ticket, and the ``Retry-After`` it is told, to the next second with room. The promise is
-  then one the fleet can keep: what comes back in a second is at most what it frees;
+- tickets are booked in whole-second buckets per tier, at most ``share`` of the tier's recent
+  rate of admitted requests per second each (``rate_per_s``; the gateway passes the fleet's
+  rate of ending requests until the tier has one): a bucket that is full pushes the ticket,
+  and the ``Retry-After`` it is told, to the next second with room. The promise is then one
+  the fleet can keep: what comes back in a second is less than what leaves the front of the
+  tier's queue. Booked against all the fleet's ends (half of them), the front lane of the
+  standard tier at 2x got as many returns as it could start, and 30 % of them waited out
+  their 2 s there;
 - a request that arrives with a ticket due (from ``early_s`` before its time to ``grace_s``
   after it) redeems it: admission puts it at the front of its tier's queue, ahead of fresh
   arrivals of that tier (never ahead of a higher tier), for its tier's usual wait.
@@ -53,7 +57,7 @@ class Ticket:
 class RetryBook:
     """Booked returns of refused requests; see the module docstring."""
 
-    def __init__(self, *, share: float = 0.5, early_s: float = 0.5, grace_s: float = 3.0,
+    def __init__(self, *, share: float = 0.75, early_s: float = 0.5, grace_s: float = 3.0,
                  max_tickets: int = 100_000, max_retry_after_s: float = 60.0) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], got {share}")

@@ -74,6 +74,7 @@ class SloAdmission:
         self.predictor = TtftPredictor()
         self.finishes = RecentFinishes()
         self.ends = ArrivalRates(tau_s=5.0)  # requests ending: how fast slots free (Retry-After)
+        self.starts = ArrivalRates(tau_s=5.0)  # requests admitted, per tier (retry booking)
         # The backend each streaming request got its first token from, by the handler's task
         # (``observe_first_token`` and ``finished`` run in it): to record where a stream ended.
         self._stream_backends: dict[asyncio.Task[object], str] = {}
@@ -173,11 +174,15 @@ class SloAdmission:
                  key: bytes | None, now_s: float) -> APIError:
         """The 503 for a refusal, its return booked when the request can be known again."""
         if key is not None:
+            # Returns are booked against how fast this tier's requests start lately (they
+            # leave the front of its queue no faster); the fleet's ends before any started.
+            rate = self.starts.rate(tier.name, now_s) or self.ends.rate(_ENDS, now_s)
             retry_after_s = self.retries.issue(key, tier.name, now_s, retry_after_s or 1.0,
-                                               rate_per_s=self.ends.rate(_ENDS, now_s))
+                                               rate_per_s=rate)
         return _overloaded(tier, reason, retry_after_s)
 
     def _started(self, tier: Tier) -> None:
+        self.starts.arrived(tier.name, time.monotonic())
         task = _current_task()
         if task is not None:
             self._running_tiers[task] = tier.name
