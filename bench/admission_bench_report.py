@@ -237,12 +237,22 @@ def side_by_side(document: dict[str, Any]) -> list[str]:
                      _get(on, "figures", "jain_max_min_within_tiers"),
                      _tier(on, "batch", "longest_gap_s"),
                      _get(run, "retry", "retries", "admitted_share"),
+                     _retried_share(run),
                      _get(run, "retry", "retries", "met_slo_share"),
                      ", ".join(_get(run, "fleet", "load_sources") or [])])
     return [_table(["fleet", "capacity (req/s)", "goodput / capacity", "interactive (offered)",
                     "standard (admitted)", "Jain (9)", "Jain (max-min in tiers)",
                     "batch gap (s)",
-                    "retries admitted", "retries in SLO", "load from"], rows), ""]
+                    "retries admitted", "refusals retried (Retry-After <= 10 s)",
+                    "retries in SLO", "load from"], rows), ""]
+
+
+def _retried_share(run: dict[str, Any]) -> float | None:
+    """Of the refusals, the share whose client retried: the rest were told a Retry-After past
+    what the benchmark's clients wait (``RetryPolicy.max_wait_s``) and gave up."""
+    refused = _get(run, "retry", "retries", "num_refused")
+    retried = _get(run, "retry", "retries", "num_retried")
+    return retried / refused if refused and retried is not None else None
 
 
 def markdown(document: dict[str, Any], targets: Sequence[dict[str, Any]]) -> str:
