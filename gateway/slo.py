@@ -65,6 +65,7 @@ class SloAdmission:
                  queue_config: FairQueueConfig | None = None, headroom_factor: float = 0.5,
                  headroom_max_share: float = 0.25) -> None:
         self.tiers = tier_table(tiers)
+        self._ranked = sorted(self.tiers.values(), key=lambda t: t.priority)  # top tier first
         self.arrivals = ArrivalRates()
         self.headroom_factor = headroom_factor
         self.headroom_max_share = headroom_max_share
@@ -115,9 +116,10 @@ class SloAdmission:
             return
         plan.needs_free_slot = True
         now_s = time.monotonic()
-        key = None if body is None else retry_key(principal.tenant.id, body)
-        is_returning = (key is not None and len(self.retries) > 0
-                        and self.retries.redeem(key, now_s) is not None)
+        # The body is hashed only when some ticket is out or the request is refused.
+        key = (retry_key(principal.tenant.id, body)
+               if body is not None and len(self.retries) else None)
+        is_returning = key is not None and self.retries.redeem(key, now_s) is not None
         snapshot = self._snapshot(now_s, plan)
         if not any(b.is_healthy for b in snapshot.backends):
             return  # nothing to wait for: routing answers 503 no_healthy_backend at once
@@ -144,14 +146,15 @@ class SloAdmission:
             deadline_s = now_s + max(tier.max_wait_s, tier.ttft_slo_s)
         elif decision.action == "reject":
             self._reject_count(decision.reason)
-            raise self._refused(tier, decision.reason, decision.retry_after_s, key, now_s)
+            raise self._refused(tier, decision.reason, decision.retry_after_s,
+                                principal, body, now_s)
         entry = QueueEntry(entry_id=request_id, tenant=principal.tenant.id, tier=tier.name,
                            cost_tokens=plan.reserved_tokens, arrival_s=now_s,
                            deadline_s=deadline_s, weight=principal.tenant.weight)
         if request_id in self.queue or not self.queue.push(entry, now_s,
                                                            is_front=is_returning):
             self._reject_count("queue full")
-            raise self._refused(tier, "the admission queue is full", 1.0, key, now_s)
+            raise self._refused(tier, "the admission queue is full", 1.0, principal, body, now_s)
         self.num_queued += 1
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = waiter
@@ -159,7 +162,7 @@ class SloAdmission:
         try:
             await waiter
         except _Expired as expired:
-            raise self._refused(tier, expired.reason, expired.retry_after_s, key,
+            raise self._refused(tier, expired.reason, expired.retry_after_s, principal, body,
                                 time.monotonic()) from None
         finally:
             self._waiters.pop(request_id, None)
@@ -171,9 +174,10 @@ class SloAdmission:
         self._started(tier)
 
     def _refused(self, tier: Tier, reason: str, retry_after_s: float | None,
-                 key: bytes | None, now_s: float) -> APIError:
+                 principal: Principal, body: bytes | None, now_s: float) -> APIError:
         """The 503 for a refusal, its return booked when the request can be known again."""
-        if key is not None:
+        if body is not None:
+            key = retry_key(principal.tenant.id, body)
             # Returns are booked against how fast this tier's requests start lately (they
             # leave the front of its queue no faster); the fleet's ends before any started.
             rate = self.starts.rate(tier.name, now_s) or self.ends.rate(_ENDS, now_s)
@@ -255,8 +259,8 @@ class SloAdmission:
                 return 0
             owed = self.owed_tier(snapshot)
             popped = None
-            if owed is not None and self._may_take_owed_slot(owed, snapshot, now_s):
-                popped = self.queue.pop(now_s, tier=owed.name)
+            if owed is not None and self._may_take_owed_slot(snapshot, now_s):
+                popped = self.queue.pop(now_s, tier=owed[0].name)
             if popped is None:
                 popped = self.queue.pop(now_s, self._max_dispatch_priority(snapshot, now_s))
             if popped is None:
@@ -292,43 +296,44 @@ class SloAdmission:
         total = room[1] if room is not None else 0
         return max(1, int(self.lower_tier_share * total)) if self.lower_tier_share > 0 else 0
 
-    def owed_tier(self, snapshot: FleetSnapshot) -> Tier | None:
+    def owed_tier(self, snapshot: FleetSnapshot) -> tuple[Tier, int] | None:
         """The highest lower tier (not the top one) with requests queued and fewer running
-        than its floor: the dispatcher gives it the next free slot, ahead of the tiers
-        above it but the top one, and direct admissions of those tiers leave it that slot.
-        The queue's token share alone left batch without a first token for 39 s at 2x:
-        the higher tiers' requests mostly start without queueing, earning it no credit."""
+        than its floor, and how many slots it is short: the dispatcher gives it the next free
+        slot, ahead of the tiers above it but the top one, and direct admissions of those
+        tiers leave it those slots. The queue's token share alone left batch without a first
+        token for 39 s at 2x: the higher tiers' requests mostly start without queueing,
+        earning it no credit."""
         if not len(self.queue):
             return None
         lengths = self.queue.lengths()
         floor: int | None = None
-        for tier in sorted(self.tiers.values(), key=lambda t: t.priority)[1:]:
+        for tier in self._ranked[1:]:
             if not lengths.get(tier.name):
                 continue
             if floor is None:
                 floor = self.floor_slots(snapshot)
-            if self.num_running_by_tier.get(tier.name, 0) < floor:
-                return tier
+            short = floor - self.num_running_by_tier.get(tier.name, 0)
+            if short > 0:
+                return tier, short
         return None
 
     def owed_slots_below(self, tier: Tier, snapshot: FleetSnapshot) -> int:
         """Free slots a request of ``tier`` must leave to an owed lower tier (the top tier
         leaves none)."""
-        if not len(self.queue) or tier.priority == min(t.priority for t in self.tiers.values()):
+        if not len(self.queue) or tier.priority == self._ranked[0].priority:
             return 0
         owed = self.owed_tier(snapshot)
-        if owed is None or owed.priority <= tier.priority:
+        if owed is None or owed[0].priority <= tier.priority:
             return 0
-        return self.floor_slots(snapshot) - self.num_running_by_tier.get(owed.name, 0)
+        return owed[1]
 
-    def _may_take_owed_slot(self, owed: Tier, snapshot: FleetSnapshot, now_s: float) -> bool:
-        """An owed tier's request keeps only the top tier's headroom free."""
+    def _may_take_owed_slot(self, snapshot: FleetSnapshot, now_s: float) -> bool:
+        """An owed tier's request keeps only the top tier's headroom free (what a request
+        of the second tier must leave)."""
         room = fleet_free_slots(snapshot)
         if room is None:
             return True
-        ranked = sorted(self.tiers.values(), key=lambda t: t.priority)
-        second = ranked[1] if len(ranked) > 1 else owed
-        return room[0] > self.reserved_slots(second, snapshot, now_s, room=room)
+        return room[0] > self.reserved_slots(self._ranked[1], snapshot, now_s, room=room)
 
     def _max_dispatch_priority(self, snapshot: FleetSnapshot, now_s: float) -> int | None:
         """The lowest tier (largest priority number) the fleet's free slots may go to now."""

@@ -3,6 +3,10 @@ set-up the admission tests that drive ``gateway.slo.SloAdmission`` share."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from admission.tiers import DEFAULT_TIERS
 from backends.registry import Backend, BackendRegistry
 from gateway.auth import Principal
@@ -31,3 +35,10 @@ def principal() -> Principal:
     key = ApiKey(id="k", tenant_id="t", name="k", digest="0" * 64, hint="", created_at=0.0,
                  expires_at=None, revoked_at=None, tier=None)
     return Principal(tenant=tenant, key=key)
+
+
+async def cancel_waiting(task: asyncio.Task[None]) -> None:
+    """Cancel a request still waiting in admission (its client left) and see it end so."""
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -12,7 +12,7 @@ from admission.fair_queue import FairQueue, QueueEntry
 from admission.tiers import DEFAULT_TIERS, tier_table
 from backends.registry import Backend
 from gateway.slo import SloAdmission
-from tests.admission.one_worker import one_worker_slo, principal
+from tests.admission.one_worker import cancel_waiting, one_worker_slo, principal
 
 TIERS = tier_table(DEFAULT_TIERS)
 BODY = {"messages": [{"role": "user", "content": "hi"}]}
@@ -53,9 +53,7 @@ async def test_a_freed_slot_goes_to_the_starved_lower_tier_first(
     await settle()
     assert batch.done() and not standard.done()
     assert admission.num_running_by_tier["batch"] == 1
-    standard.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await standard
+    await cancel_waiting(standard)
 
 
 async def test_a_direct_admission_leaves_the_owed_slot(
@@ -88,9 +86,7 @@ async def test_the_top_tier_is_not_held_for_the_floor(
     await settle()
     assert interactive.done() and "b-1" in admission.queue
     await interactive
-    batch.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await batch
+    await cancel_waiting(batch)
 
 
 async def test_running_counts_settle_when_each_request_finishes(
