@@ -329,7 +329,10 @@ class SloAdmission:
 
     def _may_take_owed_slot(self, snapshot: FleetSnapshot, now_s: float) -> bool:
         """An owed tier's request keeps only the top tier's headroom free (what a request
-        of the second tier must leave)."""
+        of the second tier must leave), and never goes ahead of a queued top-tier request
+        (with the headroom off, nothing else would hold it back)."""
+        if self.queue.lengths().get(self._ranked[0].name):
+            return False
         room = fleet_free_slots(snapshot)
         if room is None:
             return True

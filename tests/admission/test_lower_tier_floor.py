@@ -89,6 +89,24 @@ async def test_the_top_tier_is_not_held_for_the_floor(
     await cancel_waiting(batch)
 
 
+async def test_a_queued_top_tier_request_goes_before_the_owed_tier(
+        slo: tuple[SloAdmission, Backend]) -> None:
+    admission, worker = slo
+    admission.headroom_factor = 0.0  # no headroom held: only the queue's order protects it
+    batch = admit(admission, "batch", "b-1")
+    await settle()
+    interactive = admit(admission, "interactive", "i-1")  # the fleet is full: it waits
+    await settle()
+    assert "i-1" in admission.queue and "b-1" in admission.queue
+    assert admission.owed_tier(admission._snapshot(time.monotonic())) is not None
+    worker.num_running = 3  # one slot frees
+    assert admission.dispatch(time.monotonic()) == 1
+    await settle()
+    assert interactive.done() and not batch.done()
+    await interactive
+    await cancel_waiting(batch)
+
+
 async def test_running_counts_settle_when_each_request_finishes(
         slo: tuple[SloAdmission, Backend]) -> None:
     admission, worker = slo
