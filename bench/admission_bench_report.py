@@ -229,8 +229,11 @@ def side_by_side(document: dict[str, Any]) -> list[str]:
     for name, run in fleet_runs(document):
         on = level_run(run, TARGET_LEVEL, "on") or {}
         capacity = run["capacity"]["capacity_rps"]
+        saturation = run["capacity"].get("saturation_rps")
         goodput = _get(on, "figures", "goodput_rps")
-        rows.append([name, capacity, goodput / capacity if goodput is not None else None,
+        rows.append([name, capacity, capacity / saturation if saturation else None,
+                     goodput / capacity if goodput is not None else None,
+                     goodput / saturation if goodput is not None and saturation else None,
                      _tier(on, "interactive", "attainment_offered"),
                      _tier(on, "standard", "attainment_admitted"),
                      _get(on, "figures", "fairness", "jain_equal_weight"),
@@ -240,7 +243,8 @@ def side_by_side(document: dict[str, Any]) -> list[str]:
                      _retried_share(run),
                      _get(run, "retry", "retries", "met_slo_share"),
                      ", ".join(_get(run, "fleet", "load_sources") or [])])
-    return [_table(["fleet", "capacity (req/s)", "goodput / capacity", "interactive (offered)",
+    return [_table(["fleet", "capacity (req/s)", "capacity / saturation", "goodput / capacity",
+                    "goodput / saturation", "interactive (offered)",
                     "standard (admitted)", "Jain (9)", "Jain (max-min in tiers)",
                     "batch gap (s)",
                     "retries admitted", "refusals retried (Retry-After <= 10 s)",

@@ -59,8 +59,10 @@ class Plan:
     speed_factor: float = 0.25
     mix: Mix = field(default_factory=Mix)
     probe_s: float = 12.0
-    sweep_fractions: tuple[float, ...] = (0.6, 0.75, 0.9, 1.0)
-    sweep_s: float = 20.0
+    # Steps of 0.05 near X, each as long as a load level: a FIFO queue at X grows without
+    # bound, which a 20 s step hid in about half the runs (capacity X one run, 0.9 X the next).
+    sweep_fractions: tuple[float, ...] = (0.75, 0.85, 0.9, 0.95, 1.0)
+    sweep_s: float = 40.0
     levels: tuple[float, ...] = (1.0, 1.5, 2.0, 3.0)
     level_s: float = 40.0
     drain_s: float = 5.0

@@ -369,6 +369,13 @@ class SloAdmission:
         yield counter_family("switchyard_admission_queued",
                              "Requests that waited in the admission queue.", None,
                              float(self.num_queued))
+        yield counter_family("switchyard_admission_retry_tickets_issued",
+                             "Refusals whose return was booked (admission/retry_book.py).",
+                             None, float(self.retries.num_issued))
+        yield counter_family("switchyard_admission_retry_tickets_redeemed",
+                             "Refused requests that came back in their booked window and "
+                             "waited at the front of their tier's queue.", None,
+                             float(self.retries.num_redeemed))
         errors = self.predictor.error_stats()
         yield gauge_family("switchyard_ttft_predictor_mape",
                            "Mean absolute percentage error of recent TTFT predictions.", None,

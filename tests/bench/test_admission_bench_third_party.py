@@ -81,6 +81,7 @@ def test_the_report_has_both_modes_side_by_side(run: tuple[dict[str, Any], str])
     assert "### Own fleet" in stdout and "### Third-party fleet" in stdout
     side = stdout.split("### Side by side", 1)[1].split("###", 1)[0]
     assert "| own |" in side and "| third-party |" in side
+    assert "goodput / saturation" in side and "capacity / saturation" in side
     assert "Retries at" in stdout
     assert "quota" not in results and "GCRA allowance" not in stdout  # --no-mock
     assert [t["mode"] for t in results["targets"]] == ["own"] * 8 + ["third-party"] * 8

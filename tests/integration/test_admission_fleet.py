@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from gateway.localproc import (
@@ -141,3 +142,45 @@ def test_deadline_in_queue_gives_503_before_upstream_work(tmp_path: Path) -> Non
         assert 'switchyard_admission_rejections_total{reason="deadline"}' in metrics
         assert "switchyard_admission_queue_length" in metrics
         assert "switchyard_ttft_predictor_mape" in metrics
+
+
+def test_the_openai_sdk_waiting_its_retry_after_comes_back_to_a_booked_place(
+        tmp_path: Path) -> None:
+    """A refusal's Retry-After is a booking: the official SDK, which waits it and sends the
+    same request again, redeems its ticket and is served."""
+    with ProcessGroup() as group:
+        redis_url = start_redis(group, tmp_path)
+        _sim(group, redis_url, 1, "--max-batch", "1", "--speed-factor", "0.25")
+        gateway = Gateway(group, tmp_path, redis_url, backends=[])
+        batch_key = gateway.new_key(tier="batch")
+        interactive_key = gateway.new_key(tier="interactive")
+        deadline_s = time.monotonic() + 20
+        while _chat(gateway, batch_key, max_tokens=1).status_code != 200:
+            assert time.monotonic() < deadline_s, "the gateway never found the worker"
+            time.sleep(0.2)
+
+        async def run() -> tuple[int, str]:
+            async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as client:
+                # ~40 decode steps of ~32 ms: the one slot is busy for over a second.
+                busy = asyncio.create_task(_timed(client, batch_key, "batch", 40))
+                await asyncio.sleep(0.4)
+                sdk = openai.AsyncOpenAI(base_url=gateway.url + "/v1", api_key=interactive_key,
+                                         max_retries=3)
+                answer = await sdk.chat.completions.create(
+                    model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+                await sdk.close()
+                _, status, _ = await busy
+                return status, answer.choices[0].message.content or ""
+
+        batch_status, content = asyncio.run(run())
+        assert batch_status == 200 and content
+        metrics = httpx.get(gateway.url + "/metrics").text
+        issued = _sample(metrics, "switchyard_admission_retry_tickets_issued_total")
+        redeemed = _sample(metrics, "switchyard_admission_retry_tickets_redeemed_total")
+        assert issued >= 1, metrics  # the SDK's first try was refused, its return booked
+        assert redeemed >= 1, metrics  # and it came back when told, to the front of its tier
+
+
+def _sample(metrics: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith(name + " ") or line.startswith(name + "{"))
