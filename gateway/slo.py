@@ -331,7 +331,7 @@ class SloAdmission:
         """An owed tier's request keeps only the top tier's headroom free (what a request
         of the second tier must leave), and never goes ahead of a queued top-tier request
         (with the headroom off, nothing else would hold it back)."""
-        if self.queue.lengths().get(self._ranked[0].name):
+        if self.queue.num_ahead(self._ranked[0]):
             return False
         room = fleet_free_slots(snapshot)
         if room is None:

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from bench.admission_bench_fleet import scrape
 from gateway.localproc import (
     ProcessGroup,
     free_port_range,
@@ -174,13 +175,8 @@ def test_the_openai_sdk_waiting_its_retry_after_comes_back_to_a_booked_place(
 
         batch_status, content = asyncio.run(run())
         assert batch_status == 200 and content
-        metrics = httpx.get(gateway.url + "/metrics").text
-        issued = _sample(metrics, "switchyard_admission_retry_tickets_issued_total")
-        redeemed = _sample(metrics, "switchyard_admission_retry_tickets_redeemed_total")
+        metrics = scrape(gateway.url + "/metrics")
+        issued = metrics.get("switchyard_admission_retry_tickets_issued_total", 0.0)
+        redeemed = metrics.get("switchyard_admission_retry_tickets_redeemed_total", 0.0)
         assert issued >= 1, metrics  # the SDK's first try was refused, its return booked
         assert redeemed >= 1, metrics  # and it came back when told, to the front of its tier
-
-
-def _sample(metrics: str, name: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith(name + " ") or line.startswith(name + "{"))
