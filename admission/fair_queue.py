@@ -33,6 +33,7 @@ Example::
     for entry in queue.expire(now_s):
         reject(entry)   # 503 with Retry-After
     queue.charge("acme", actual_tokens - 900, tier="batch")   # settle when it finishes
+    charged = queue.charge_direct("acme", 900, "batch")      # admitted without queueing
 """
 
 from __future__ import annotations
@@ -56,10 +57,16 @@ class FairQueueConfig:
     max_per_tier: int = 4_096
     tier_limits: Mapping[str, int] = field(default_factory=dict)  # per-tier overrides
     max_per_tenant: int | None = None
+    # A request admitted without queueing is charged to its tenant's fair order, leaving the
+    # tenant at most this many such requests' cost of debt (``admission.sfq``).
+    max_direct_debt_requests: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.lower_tier_share < 1:
             raise ValueError(f"lower_tier_share must be in [0, 1), got {self.lower_tier_share}")
+        if not self.max_direct_debt_requests >= 0:
+            raise ValueError("max_direct_debt_requests must be >= 0, got "
+                             f"{self.max_direct_debt_requests}")
         limits = [self.max_total, self.max_per_tier, *self.tier_limits.values()]
         if self.max_per_tenant is not None:
             limits.append(self.max_per_tenant)
@@ -200,6 +207,17 @@ class FairQueue:
         if level is None:
             raise ValueError(f"unknown tier {tier!r}; queue tiers: {list(self._levels)}")
         level.fair.charge(tenant, tokens)
+
+    def charge_direct(self, tenant: str, tokens: int, tier: str, weight: float = 1.0) -> int:
+        """Charge a request of ``tier`` admitted without waiting in the queue as if it had
+        been dispatched (its debt bounded by ``max_direct_debt_requests``); settle it with
+        ``charge(tenant, actual - returned, tier)`` when it finishes. Returns the tokens
+        charged (``tokens``, at least 1)."""
+        level = self._levels.get(tier)
+        if level is None:
+            raise ValueError(f"unknown tier {tier!r}; queue tiers: {list(self._levels)}")
+        level.fair.charge_unqueued(tenant, tokens, weight, self.config.max_direct_debt_requests)
+        return max(1, tokens)
 
     def _take_expired(self, now_s: float) -> list[QueueEntry]:
         expired: list[QueueEntry] = []

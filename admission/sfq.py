@@ -9,6 +9,13 @@ against a virtual clock:
 - dispatch takes the flow with the smallest start tag, sets ``v = S`` and
   ``F = S + cost_tokens / weight``; the flow's next head starts at ``F``;
 - ``charge`` settles actual usage later: ``F += tokens / weight`` (negative refunds);
+- ``charge_unqueued`` charges a request admitted without waiting (the tier's queue was empty)
+  as a dispatch would, ``F = max(v, F) + cost / weight``, but leaves the tenant at most
+  ``max_debt_requests`` such requests' cost ahead of ``v``: service taken while nobody waited
+  counts against the tenant in the next busy period, a bounded amount (one that had the fleet
+  to itself for an hour is not starved for an hour once others arrive). Without it, the
+  moments a tier's queue ran empty at 2x overload went to whoever arrived then, uncharged,
+  which is mostly the heaviest tenant;
 - when the tier empties, ``v`` jumps to the largest finish tag (the end of a busy period).
 
 Guarantee (SFQ theorem 1): over any interval in which tenants i and j are both backlogged, the
@@ -181,6 +188,26 @@ class TierFairQueue:
             flow.weight = weight
         base = max(flow.finish_tag, self.virtual_time) if tokens > 0 else flow.finish_tag
         flow.finish_tag = base + tokens / flow.weight
+        self._max_finish_tag = max(self._max_finish_tag, flow.finish_tag)
+        if flow.handle is not None:
+            self._flow_heap.discard(flow.handle)
+            self._schedule(tenant, flow)
+        elif flow.finish_tag <= self.virtual_time:
+            del self._flows[tenant]
+
+    def charge_unqueued(self, tenant: str, tokens: int, weight: float,
+                        max_debt_requests: float) -> None:
+        """Charge ``tokens`` (at least 1) for a request admitted without queueing, the
+        tenant's finish tag capped at ``max_debt_requests`` times its cost past the virtual
+        time (never lowered by the cap); settle it later with ``charge`` like a dispatch."""
+        flow = self._flows.get(tenant)
+        if flow is None:
+            flow = self._flows[tenant] = _Flow(self.virtual_time)
+        flow.weight = weight
+        cost = max(1, tokens) / weight
+        charged = max(flow.finish_tag, self.virtual_time) + cost
+        cap = self.virtual_time + max_debt_requests * cost
+        flow.finish_tag = max(flow.finish_tag, min(charged, cap))
         self._max_finish_tag = max(self._max_finish_tag, flow.finish_tag)
         if flow.handle is not None:
             self._flow_heap.discard(flow.handle)

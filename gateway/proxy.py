@@ -78,7 +78,7 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
             response = await _forward(request, gw, route, parsed, raw, plan, ticket)
         finally:
             finish_quota(ticket)
-            gw.slo.finished(principal.tenant.id, tier.name, plan.reserved_tokens,
+            gw.slo.finished(principal.tenant.id,
                             plan.request.num_prompt_tokens + ticket.num_output_tokens)
         status = response.status
         return response

@@ -80,11 +80,12 @@ class SloAdmission:
         # (``observe_first_token`` and ``finished`` run in it): to record where a stream ended.
         self._stream_backends: dict[asyncio.Task[object], str] = {}
         self._waiters: dict[str, asyncio.Future[None]] = {}
-        # Requests admitted and not yet finished, per tier, and each one's tier by the
-        # handler's task (``admit`` and ``finished`` run in it): the floor of batch slots a
-        # backlogged lower tier is owed (``owed_tier``).
+        # Requests admitted and not yet finished, per tier, and each one's tier and the tokens
+        # its tenant was charged for it, by the handler's task (``admit`` and ``finished`` run
+        # in it): the floor of batch slots a backlogged lower tier is owed (``owed_tier``),
+        # and the charge ``finished`` settles (a refused request was charged nothing).
         self.num_running_by_tier: dict[str, int] = dict.fromkeys(self.tiers, 0)
-        self._running_tiers: dict[asyncio.Task[object], str] = {}
+        self._running_tiers: dict[asyncio.Task[object], tuple[str, int]] = {}
         self.lower_tier_share = (queue_config or FairQueueConfig()).lower_tier_share
         self.retries = RetryBook()  # refusals' booked returns (admission/retry_book.py)
         self._wakeup = asyncio.Event()
@@ -137,7 +138,10 @@ class SloAdmission:
         if decision.action == "admit":
             plan.snapshot = snapshot  # routing reuses it: no second snapshot
             plan.snapshot_taken_s = now_s
-            self._started(tier)
+            # Charged to the tenant's fair order as a dispatch is (bounded): the moments the
+            # tier's queue runs empty under overload otherwise go free to whoever sends most.
+            self._started(tier, self.queue.charge_direct(
+                principal.tenant.id, plan.reserved_tokens, tier.name, principal.tenant.weight))
             return
         deadline_s = decision.deadline_s
         if is_returning:
@@ -171,7 +175,7 @@ class SloAdmission:
         now_s = time.monotonic()
         plan.snapshot = self._snapshot(now_s, plan)
         plan.snapshot_taken_s = now_s
-        self._started(tier)
+        self._started(tier, max(1, plan.reserved_tokens))  # what the dispatch charged
 
     def _refused(self, tier: Tier, reason: str, retry_after_s: float | None,
                  principal: Principal, body: bytes | None, now_s: float) -> APIError:
@@ -185,11 +189,11 @@ class SloAdmission:
                                                rate_per_s=rate)
         return _overloaded(tier, reason, retry_after_s)
 
-    def _started(self, tier: Tier) -> None:
+    def _started(self, tier: Tier, charged_tokens: int) -> None:
         self.starts.arrived(tier.name, time.monotonic())
         task = _current_task()
         if task is not None:
-            self._running_tiers[task] = tier.name
+            self._running_tiers[task] = (tier.name, charged_tokens)
             self.num_running_by_tier[tier.name] += 1
 
     def _snapshot(self, now_s: float, plan: RoutePlan | None = None) -> FleetSnapshot:
@@ -211,21 +215,23 @@ class SloAdmission:
         if self.is_enabled and task is not None:
             self._stream_backends[task] = backend
 
-    def finished(self, tenant: str, tier: str, reserved_tokens: int, actual_tokens: int) -> None:
-        """Settle the queue's charge to the actual tokens and let the dispatcher look again."""
+    def finished(self, tenant: str, actual_tokens: int) -> None:
+        """Settle the queue's charge for an admitted request to its actual tokens (one that
+        was refused or expired was charged nothing, and gets nothing back) and let the
+        dispatcher look again. Called for every request ``admit`` saw, admitted or not."""
         task = _current_task()
         backend = self._stream_backends.pop(task, None) if task is not None else None
-        running_tier = self._running_tiers.pop(task, None) if task is not None else None
-        if running_tier is not None:
-            self.num_running_by_tier[running_tier] -= 1
+        running = self._running_tiers.pop(task, None) if task is not None else None
         now_s = time.monotonic()
         if backend is not None:
             self.finishes.record(backend, now_s)
         self.ends.arrived(_ENDS, now_s)
-        if self.is_enabled:
-            self.queue.charge(tenant, actual_tokens - reserved_tokens, tier)
-            if len(self.queue):
-                self._wakeup.set()
+        if running is not None:
+            running_tier, charged_tokens = running
+            self.num_running_by_tier[running_tier] -= 1
+            self.queue.charge(tenant, actual_tokens - charged_tokens, running_tier)
+        if self.is_enabled and len(self.queue):
+            self._wakeup.set()
 
     # -- the dispatcher -------------------------------------------------------------------
     async def run_dispatcher(self) -> None:

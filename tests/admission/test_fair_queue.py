@@ -90,6 +90,43 @@ def test_charge_settles_actual_usage() -> None:
         q.charge("a", 1, tier="gold")
 
 
+@pytest.mark.parametrize(("num_direct", "max_debt", "expected_a_after"), [
+    pytest.param(0, 2.0, 0, id="no-direct-admission-no-debt"),
+    pytest.param(1, 2.0, 1, id="one-direct-admission-one-request-behind"),
+    pytest.param(5, 2.0, 2, id="debt-capped-at-two-requests"),
+    pytest.param(5, 0.0, 0, id="cap-0-charges-nothing-past-virtual-time"),
+])
+def test_direct_admissions_count_against_the_tenant_bounded(
+        num_direct: int, max_debt: float, expected_a_after: int) -> None:
+    """Requests admitted while the tier's queue was empty put their tenant that many
+    requests behind the others in the next busy period, at most ``max_direct_debt_requests``."""
+    q = queue(max_direct_debt_requests=max_debt)
+    for _ in range(num_direct):
+        assert q.charge_direct("a", 100, "standard") == 100
+    for i in range(4):
+        q.push(entry("a", arrival_s=i), 1.0)
+        q.push(entry("b", arrival_s=i), 1.0)
+    order = [q.pop(1.0).tenant for _ in range(8)]  # type: ignore[union-attr]
+    # b first while a pays off its debt (ties go to the earlier push: a), then they alternate
+    assert order.index("a") == expected_a_after, order
+    assert order.count("a") == order.count("b") == 4
+
+
+def test_direct_admission_settles_like_a_dispatch() -> None:
+    """charge_direct then charge(actual - charged) leaves what the actual usage says."""
+    q = queue(max_direct_debt_requests=100.0)
+    charged = q.charge_direct("a", 300, "standard", weight=2.0)
+    q.charge("a", 100 - charged, "standard")  # it used 100 tokens: 50 of weighted debt
+    for i in range(3):
+        q.push(entry("a", cost=100, weight=2.0, arrival_s=i), 1.0)
+        q.push(entry("b", cost=50, arrival_s=i), 1.0)
+    assert [q.pop(1.0).tenant for _ in range(2)] == ["b", "a"]  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="unknown tier"):
+        q.charge_direct("a", 1, "gold")
+    with pytest.raises(ValueError, match="max_direct_debt_requests"):
+        queue(max_direct_debt_requests=-1.0)
+
+
 def backlogged_tiers(q: FairQueue, tiers: tuple[str, ...], pops: int,
                      cost: dict[str, int]) -> Counter[str]:
     """Keep every tier in ``tiers`` backlogged for ``pops`` dispatches; tokens served per tier."""

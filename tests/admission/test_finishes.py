@@ -77,7 +77,7 @@ def slo() -> tuple[SloAdmission, Backend]:
 async def stream_ends_on(slo: SloAdmission, backend: str) -> None:
     """What the proxy does for one stream, in the handler's task: first token, then the end."""
     slo.observe_first_token(backend, None, 0, 0.1)
-    slo.finished("t", "standard", 100, 100)
+    slo.finished("t", 100)
 
 
 @pytest.mark.parametrize(("heartbeat_after_end", "admitted_at_once"), [
@@ -116,7 +116,7 @@ async def test_an_end_without_a_first_token_records_nothing(
     admission, _ = slo
 
     async def ends_without_stream() -> None:
-        admission.finished("t", "standard", 100, 100)
+        admission.finished("t", 100)
 
     await asyncio.create_task(ends_without_stream())
     assert admission.finishes.num_after("w0", 0.0) == 0

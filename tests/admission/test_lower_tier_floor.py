@@ -116,16 +116,16 @@ async def test_running_counts_settle_when_each_request_finishes(
         plan = admission.router.describe("m", BODY, "t")
         await admission.admit(TIERS[tier], principal(), plan, request_id)
         assert admission.num_running_by_tier[tier] >= 1
-        admission.finished("t", tier, 100, 100)
+        admission.finished("t", 100)
 
     async def refused() -> None:  # finished() after a refusal settles nothing
-        admission.finished("t", "batch", 100, 100)
+        admission.finished("t", 100)
 
     await asyncio.gather(one_request("batch", "b-1"), one_request("standard", "s-1"),
                          refused())
     # only the fixture's s-0 is left: it never finished
     assert admission.num_running_by_tier == {"interactive": 0, "standard": 1, "batch": 0}
-    assert list(admission._running_tiers.values()) == ["standard"]
+    assert [tier for tier, _ in admission._running_tiers.values()] == ["standard"]
 
 
 def test_pop_of_one_tier_takes_its_fair_head_only() -> None:

@@ -12,7 +12,9 @@ from collections import Counter
 import pytest
 
 from admission.tiers import DEFAULT_TIERS, tier_table
+from backends.registry import Backend
 from gateway.auth import Principal
+from gateway.slo import SloAdmission
 from tests.admission.one_worker import one_worker_slo, principal
 
 TIERS = tier_table(DEFAULT_TIERS)
@@ -70,3 +72,83 @@ async def test_backlogged_tenants_are_served_in_proportion_to_their_weights(
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+BODY = {"messages": [{"role": "user", "content": "the same prompt for everyone"}],
+        "max_tokens": 64}
+
+
+async def queue_requests(slo: SloAdmission, tenant: Principal, count: int,
+                         served: list[str]) -> list[asyncio.Task[None]]:
+    """``count`` batch requests of ``tenant`` waiting in the queue (the worker is full)."""
+    async def request(request_id: str) -> None:
+        plan = slo.router.describe("m", BODY, tenant.tenant.id)
+        await slo.admit(TIERS["batch"], tenant, plan, request_id)
+        served.append(tenant.tenant.id)
+
+    tasks = [asyncio.create_task(request(f"{tenant.tenant.id}-{i}")) for i in range(count)]
+    await asyncio.sleep(0.01)
+    return tasks
+
+
+def release(slo: SloAdmission, worker: Backend, count: int) -> None:
+    worker.num_running = 3  # one slot free: each dispatch pass releases one request
+    for _ in range(count):
+        assert slo.dispatch(time.monotonic()) == 1
+
+
+async def test_requests_that_never_started_buy_their_tenant_no_credit() -> None:
+    """A request refused, expired or abandoned in the queue was charged nothing, and its
+    ``finished`` gives nothing back: a heavy tenant's many refusals once bought it a place
+    ahead of everyone it shared the tier with."""
+    slo, worker = one_worker_slo()
+    worker.load_observed_s = time.monotonic()
+    worker.num_running = 4
+    heavy, plain = tenant_principal("heavy", 1.0), tenant_principal("plain", 1.0)
+    served: list[str] = []
+    tasks = (await queue_requests(slo, heavy, 4, served)
+             + await queue_requests(slo, plain, 4, served))
+    release(slo, worker, 2)
+    await asyncio.sleep(0.01)
+    assert served == ["heavy", "plain"]
+
+    async def abandoned(request_id: str) -> None:  # as gateway/proxy.py does, in its finally
+        plan = slo.router.describe("m", BODY, "heavy")
+        try:
+            await slo.admit(TIERS["batch"], heavy, plan, request_id)
+        finally:
+            slo.finished("heavy", plan.request.num_prompt_tokens)
+
+    for round_ in range(4):  # one of heavy's requests gone before each dispatch
+        gone = asyncio.create_task(abandoned(f"gone-{round_}"))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        await asyncio.gather(gone, return_exceptions=True)
+        worker.num_running = 4
+        release(slo, worker, 1)
+        await asyncio.sleep(0.01)
+    assert served[2:] == ["heavy", "plain", "heavy", "plain"]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_direct_admissions_put_their_tenant_behind_in_the_next_busy_period() -> None:
+    """Two requests admitted at once (nothing queued) leave their tenant two requests behind
+    one that had none, when both queue next (the debt is capped at two requests)."""
+    slo, worker = one_worker_slo()
+    worker.load_observed_s = time.monotonic()
+    worker.num_running = 0
+    heavy, plain = tenant_principal("heavy", 1.0), tenant_principal("plain", 1.0)
+    for i in range(3):
+        plan = slo.router.describe("m", BODY, "heavy")
+        await slo.admit(TIERS["batch"], heavy, plan, f"direct-{i}")
+    assert not len(slo.queue)
+    worker.num_running = 4
+    served: list[str] = []
+    tasks = (await queue_requests(slo, heavy, 3, served)
+             + await queue_requests(slo, plain, 3, served))
+    release(slo, worker, 6)
+    await asyncio.sleep(0.01)
+    assert served == ["plain", "plain", "heavy", "plain", "heavy", "heavy"]
+    await asyncio.gather(*tasks)
