@@ -210,6 +210,15 @@ class Settings(_Strict):
     key_cache_ttl_s: float = Field(30.0, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
+    @field_validator("admin_token")
+    @classmethod
+    def _check_admin_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().strip():
+            # An empty token would let an empty bearer in: leave it unset to disable the API.
+            raise ValueError("must not be empty or blank: set a secret token, or leave "
+                             "admin_token unset to disable the admin API")
+        return value
+
     @_model_validator(mode="after")
     def _check_references(self) -> Settings:
         problems = _cross_field_problems(self.model_dump())

@@ -309,3 +309,13 @@ def test_config_check_reports_invalid_yaml_line(tmp_path: Path) -> None:
     result = run_cli("config", "check", str(path))
     assert result.returncode == 1
     assert f"{path}:3: not valid YAML" in result.stderr
+
+
+@pytest.mark.parametrize("token", ["''", "'   '"])
+def test_an_empty_admin_token_is_refused(tmp_path: Path, token: str) -> None:
+    """An empty token would match an empty bearer: refused, with what to do instead."""
+    errors = config_errors(write(tmp_path, f"admin_token: {token}\n" + MINIMAL_BACKEND))
+    assert len(errors) == 1 and errors[0][0].endswith(":1: admin_token"), errors
+    assert "leave admin_token unset" in errors[0][1]
+    blank_env = config_errors(None, {"SWITCHYARD_ADMIN_TOKEN": " "})
+    assert blank_env[0][0] == "admin_token (from $SWITCHYARD_ADMIN_TOKEN)", blank_env
