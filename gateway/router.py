@@ -245,14 +245,7 @@ class Router:
         plan.claim_age_s = None
         if plan.request.char_hashes:
             now_s = time.time()
-            snapshot = plan.snapshot
-            if expected_cached_tokens > 0 and snapshot is not None and \
-                    not snapshot.prefix.is_exact:
-                depth = snapshot.prefix.num_blocks.get(backend.name, 0)
-                claim_s = self.approx_index.claim_s(plan.request.char_hashes, depth,
-                                                    backend.name)
-                plan.claim_age_s = None if claim_s is None else now_s - claim_s
-            self.approx_index.record(plan.request.char_hashes, backend.name, now_s)
+            record_claim(self.approx_index, plan, backend.name, now_s)
             if self.on_record is not None:
                 self.on_record(plan.request.char_hashes, backend.name, now_s)
 
@@ -288,6 +281,21 @@ class Router:
         backend.num_finished_since_load += 1
         if not had_first_token:
             backend.num_in_flight_prompt_tokens -= plan.pending_prefill_tokens
+
+
+def record_claim(approx_index: ApproxPrefixIndex, plan: RoutePlan, backend: str,
+                 now_s: float) -> None:
+    """Record that ``plan``'s prompt went to ``backend`` at ``now_s``, first keeping in
+    ``plan.claim_age_s`` how old the approximate index's claim it was sent on was (``learn``
+    judges the engine's reported cached tokens against it; None when the expectation was not
+    the approximate index's). ``plan.expected_cached_tokens`` must be set."""
+    char_hashes = plan.request.char_hashes
+    snapshot = plan.snapshot
+    if plan.expected_cached_tokens > 0 and snapshot is not None and not snapshot.prefix.is_exact:
+        depth = snapshot.prefix.num_blocks.get(backend, 0)
+        claim_s = approx_index.claim_s(char_hashes, depth, backend)
+        plan.claim_age_s = None if claim_s is None else now_s - claim_s
+    approx_index.record(char_hashes, backend, now_s)
 
 
 _PROMPT_TOKENS_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')

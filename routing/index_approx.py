@@ -20,7 +20,11 @@ was really cached (``usage.prompt_tokens_details.cached_tokens``). :meth:`observ
 for a claim of a known age: a miss means the backend evicted what was claimed that long ago,
 so its claims as old as that are ignored at once (its claim lifetime shrinks to the missed
 claim's age: under LRU, older ones are gone too); a hit at an age near the lifetime lets it
-grow back, up to ``ttl_s``. O(1); :meth:`ttl_for` says a backend's current lifetime.
+grow back, up to ``ttl_s``. A miss on a claim younger than ``MIN_TTL_S`` says nothing:
+engines cache a block once it is computed, so a request that follows its prefix's first one
+to a backend by less than that request's prefill misses with nothing evicted (in the virtual
+fleet such misses set every backend's lifetime to the floor and doubled TTFT p99).
+O(1); :meth:`ttl_for` says a backend's current lifetime.
 
 Replicas share what they learned (the Redis I/O is ``backends/``' job): :meth:`entries`
 exports ``(hash, backend, recorded_s)`` triples, :meth:`merge` folds another replica's in,
@@ -72,9 +76,12 @@ class ApproxPrefixIndex:
     def observe(self, backend: str, claim_age_s: float, is_hit: bool) -> None:
         """What ``backend`` reported for a claim recorded ``claim_age_s`` before: a miss
         shortens its claims' lifetime to that age (at least ``MIN_TTL_S``), a hit within 20 %
-        of the lifetime lengthens it by a quarter (at most ``ttl_s``)."""
+        of the lifetime lengthens it by a quarter (at most ``ttl_s``). A miss younger than
+        ``MIN_TTL_S`` changes nothing (the prefix may not have been computed there yet)."""
         ttl_s = self.ttl_for(backend)
         age_s = max(0.0, claim_age_s)
+        if not is_hit and age_s < MIN_TTL_S:
+            return  # the claimed prefix may still have been in prefill there: no evidence
         if not is_hit:
             ttl_s = max(MIN_TTL_S, min(ttl_s, age_s))
         elif age_s >= 0.8 * ttl_s:

@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import SpanKind, Tracer, set_span_in_context
 
+from backends.sim.core import SimEngineCore
 from backends.sim.request import (
     OUTPUT_WORDS,
     SimRequest,
@@ -200,11 +201,15 @@ async def _stream(request: web.Request, parsed: SimRequest, handle: RequestHandl
 
 
 async def _models(request: web.Request) -> web.Response:
-    worker = request.app[WORKER]
-    data = [{"id": worker.profile.model, "object": "model", "created": 0, "owned_by": "switchyard",
-             "max_model_len": worker.profile.max_context_tokens}]
-    return web.Response(body=orjson.dumps({"object": "list", "data": data}),
+    return web.Response(body=orjson.dumps(models_page(request.app[WORKER].core)),
                         content_type="application/json")
+
+
+def models_page(core: SimEngineCore) -> dict[str, Any]:
+    """``/v1/models``: the engine's one model and its context length."""
+    return {"object": "list", "data": [{
+        "id": core.profile.model, "object": "model", "created": 0, "owned_by": "switchyard",
+        "max_model_len": core.profile.max_context_tokens}]}
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -231,9 +236,28 @@ async def _reset_prefix_cache(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     worker = request.app[WORKER]
-    load = worker.core.load()
     label = f'model_name="{worker.profile.model}"'
     lines = [
+        *core_metrics_lines(worker.core),
+        "# TYPE vllm:prompt_tokens counter",
+        f"vllm:prompt_tokens_total{{{label}}} {worker.num_prompt_tokens_total}",
+        "# TYPE vllm:generation_tokens counter",
+        f"vllm:generation_tokens_total{{{label}}} {worker.num_generation_tokens_total}",
+        "# TYPE vllm:request_success counter",
+    ]
+    for reason in ("stop", "length"):
+        count = worker.num_requests_finished.get(reason, 0)
+        lines.append(f'vllm:request_success_total{{{label},finished_reason="{reason}"}} {count}')
+    body = ("\n".join(lines) + "\n").encode()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+def core_metrics_lines(core: SimEngineCore) -> list[str]:
+    """The engine core's part of ``/metrics``, in vLLM's names: load, prefix cache, cache
+    config (``bench/vsim/scrape.py`` serves these to the gateway's scrape in virtual time)."""
+    load, profile = core.load(), core.profile
+    label = f'model_name="{profile.model}"'
+    return [
         "# TYPE vllm:num_requests_running gauge",
         f"vllm:num_requests_running{{{label}}} {load.num_running}",
         "# TYPE vllm:num_requests_waiting gauge",
@@ -246,20 +270,10 @@ async def _metrics(request: web.Request) -> web.Response:
         f"vllm:prefix_cache_hits_total{{{label}}} {load.prefix_cache_hits_tokens}",
         "# TYPE vllm:num_preemptions counter",
         f"vllm:num_preemptions_total{{{label}}} {load.num_preemptions}",
-        "# TYPE vllm:prompt_tokens counter",
-        f"vllm:prompt_tokens_total{{{label}}} {worker.num_prompt_tokens_total}",
-        "# TYPE vllm:generation_tokens counter",
-        f"vllm:generation_tokens_total{{{label}}} {worker.num_generation_tokens_total}",
         "# TYPE vllm:cache_config_info gauge",
-        f'vllm:cache_config_info{{block_size="{worker.profile.block_size}",'
-        f'enable_prefix_caching="True",num_gpu_blocks="{worker.profile.num_kv_blocks}"}} 1.0',
-        "# TYPE vllm:request_success counter",
+        f'vllm:cache_config_info{{block_size="{profile.block_size}",'
+        f'enable_prefix_caching="True",num_gpu_blocks="{profile.num_kv_blocks}"}} 1.0',
     ]
-    for reason in ("stop", "length"):
-        count = worker.num_requests_finished.get(reason, 0)
-        lines.append(f'vllm:request_success_total{{{label},finished_reason="{reason}"}} {count}')
-    body = ("\n".join(lines) + "\n").encode()
-    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
 

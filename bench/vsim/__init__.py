@@ -15,8 +15,9 @@ Example::
 from __future__ import annotations
 
 from bench.vsim.metrics import Recorder, RunResult
+from bench.vsim.profiles import MODEL, PROFILES
 from bench.vsim.router import VirtualRouter
-from bench.vsim.sim import MODEL, PROFILES, SimConfig, Simulation, simulate
+from bench.vsim.sim import SimConfig, Simulation, simulate
 from bench.vsim.sizing import capacity_per_worker, kv_blocks_for
 from bench.vsim.workloads import MultiTurn, SharedPrefix, VRequest, Workload, build_workload
 

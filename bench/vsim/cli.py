@@ -1,9 +1,17 @@
 """``python -m bench.vsim``: one workload, several routing profiles, one markdown table.
 
+``--mode`` says how the gateway knows the engines (``bench/fleet_modes.py``; ``SimConfig.mode``):
+``own`` (the default: heartbeats, KV events), ``third-party`` (listed engines, scraped
+``/metrics``, approximate index only) or ``both``: each profile in both modes on the same
+workload and seed, a table per mode and one side by side with the ratios third-party / own
+(``bench/vsim/modes.py``). Third-party mode runs ``--third-party-profiles``, by default
+``--profiles`` without the exact-index ones (each left out with a note).
+
 Example::
 
     python -m bench.vsim --workers 8 --requests 20000 --workload shared-prefix \\
         --profiles round_robin,prefix_affinity --load 0.75 --seed 1 --json out.json
+    python -m bench.vsim --mode both --profiles round_robin,prefix_affinity,prefix_affinity_approx
 """
 
 from __future__ import annotations
@@ -19,9 +27,19 @@ from pathlib import Path
 from typing import Any
 
 from backends.sim.profile import WorkerProfile
+from bench.fleet_modes import MODE_CHOICES, Mode, key_of, parse_modes
 from bench.run.workloads.base import TokenRange, WorkloadOptions
 from bench.vsim.metrics import RunResult
-from bench.vsim.sim import MODEL, PROFILES, SimConfig, simulate
+from bench.vsim.modes import (
+    comparison,
+    comparison_table,
+    fleet_view,
+    third_party_profiles,
+    verdict_table,
+    verdicts,
+)
+from bench.vsim.profiles import MODEL, PROFILES, no_exact_index
+from bench.vsim.sim import SimConfig, Simulation
 from bench.vsim.sizing import capacity_per_worker, kv_blocks_for
 from bench.vsim.workloads import WORKLOAD_NAMES, Workload, build_workload
 
@@ -63,11 +81,43 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--silent-workers", type=int, default=0, help="workers whose heartbeats stop at t=0")
     add("--warmup", type=float, default=0.1,
         help="fraction of requests (the first) simulated but left out of the figures")
+    add("--mode", choices=MODE_CHOICES, default="own",
+        help="own: heartbeats and KV events; third-party: listed engines, scraped /metrics; "
+             "both: side by side")
+    add("--third-party-profiles", default=None,
+        help="third-party mode's profiles (default: --profiles without the exact-index ones)")
+    add("--scrape-s", type=float, default=1.0,
+        help="third-party: the gateway scrapes each engine's /metrics this often")
+    add("--no-cache-feedback", action="store_true",
+        help="the gateway ignores the cached tokens each response reports")
     args = parser.parse_args(argv)
-    unknown = [p for p in args.profiles.split(",") if p not in PROFILES]
+    args.profiles = [p for p in args.profiles.split(",") if p]
+    unknown = [p for p in args.profiles if p not in PROFILES]
+    if args.third_party_profiles is not None:
+        args.third_party_profiles = [p for p in args.third_party_profiles.split(",") if p]
+        unknown += [p for p in args.third_party_profiles if p not in PROFILES]
     if unknown:
         parser.error(f"unknown profile(s) {', '.join(unknown)}; use {', '.join(PROFILES)}")
+    if args.third_party_profiles is not None:
+        exact = [p for p in args.third_party_profiles if PROFILES[p][1] == "exact"]
+        if exact:
+            parser.error("; ".join(no_exact_index(p) for p in exact))
     return args
+
+
+def mode_profiles(args: argparse.Namespace) -> dict[Mode, list[str]]:
+    """Each mode's profiles; a note on stderr for each exact-index one third-party leaves out."""
+    chosen: dict[Mode, list[str]] = {}
+    for mode in parse_modes(args.mode):
+        if mode == "own":
+            chosen[mode] = list(args.profiles)
+        elif args.third_party_profiles is not None:
+            chosen[mode] = list(args.third_party_profiles)
+        else:
+            chosen[mode], skipped = third_party_profiles(args.profiles)
+            for profile in skipped:
+                print(f"third-party mode skips {no_exact_index(profile)}", file=sys.stderr)
+    return chosen
 
 
 def workload_factory(args: argparse.Namespace) -> Callable[[], Workload]:
@@ -102,6 +152,10 @@ def format_table(results: Sequence[RunResult]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    profiles = mode_profiles(args)
+    if not any(profiles.values()):
+        print("no profile to run", file=sys.stderr)
+        return 2
     make_workload = workload_factory(args)
     probe = make_workload()
     worker = WorkerProfile(model=MODEL)
@@ -112,7 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        kv_event_delay_s=args.kv_delay_ms / 1000,
                        kv_flush_s=args.kv_flush_ms / 1000, poll_interval_s=args.poll_s,
                        dispatch_s=args.dispatch_ms / 1000, max_age_s=args.max_age_s,
-                       num_silent_workers=args.silent_workers, warmup_fraction=args.warmup)
+                       num_silent_workers=args.silent_workers, warmup_fraction=args.warmup,
+                       scrape_interval_s=args.scrape_s, cache_feedback=not args.no_cache_feedback)
     capacity = math.nan
     rate = args.rate
     if rate is None:
@@ -126,20 +181,37 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{rate:,.1f} req/s, working set {probe.working_set_tokens:,} tokens, KV "
           f"{worker.kv_capacity_tokens:,} tokens per worker "
           f"({worker.kv_capacity_tokens / probe.working_set_tokens:.0%} of the working set)\n")
-    results = []
-    for profile in args.profiles.split(","):
-        result = simulate(replace(config, profile=profile, rate_per_s=rate), make_workload())
-        print(f"{profile}: {result.wall_s:.1f} s wall, {result.requests_per_wall_s:,.0f} "
-              "requests per wall-second", file=sys.stderr)
-        results.append(result)
-    print(format_table(results))
+    results: dict[Mode, list[RunResult]] = {}
+    fleets: dict[str, dict[str, Any]] = {}
+    for mode, names in profiles.items():
+        for profile in names:
+            simulation = Simulation(replace(config, profile=profile, rate_per_s=rate,
+                                            mode=mode), make_workload())
+            result = simulation.run()
+            print(f"{profile} ({mode}): {result.wall_s:.1f} s wall, "
+                  f"{result.requests_per_wall_s:,.0f} requests per wall-second", file=sys.stderr)
+            results.setdefault(mode, []).append(result)
+            fleets.setdefault(key_of(mode), {})[profile] = fleet_view(simulation.backends)
+    rows = comparison(results)
+    found = verdicts(rows)
+    if len(results) == 1:
+        print(format_table(next(iter(results.values()))))
+    else:
+        for mode, mode_results in results.items():
+            print(f"**{mode}**\n\n{format_table(mode_results)}\n")
+        print("**Own / third-party, side by side** (cells: own / third-party (ratio "
+              "third-party / own))\n")
+        print(comparison_table(rows) + "\n")
+        print(verdict_table(found))
     if args.json is not None:
         document: dict[str, Any] = {
             "argv": list(argv if argv is not None else sys.argv[1:]),
             "rate_per_s": rate, "capacity_per_worker_rps": capacity,
             "working_set_tokens": probe.working_set_tokens,
             "kv_tokens_per_worker": worker.kv_capacity_tokens,
-            "results": [r.to_dict() for r in results]}
+            "modes": list(results),
+            "results": [r.to_dict() for mode_results in results.values() for r in mode_results],
+            "fleet": fleets, "comparison": rows, "targets": found}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(document, indent=2, allow_nan=True) + "\n")
     return 0

@@ -74,6 +74,7 @@ class RunResult:
     """The summary of one run; ``to_dict`` for JSON. Times in seconds."""
 
     profile: str
+    mode: str  # own or third-party (bench/fleet_modes.py)
     workload: str
     num_workers: int
     num_requests: int
@@ -116,7 +117,7 @@ def spread(values: Sequence[float]) -> float:
 
 def summarize(recorder: Recorder, *, profile: str, workload: str, rate_per_s: float,
               kv_tokens_per_worker: int, busy_s: Sequence[float], num_preemptions: int,
-              wall_s: float, num_warmup: int = 0) -> RunResult:
+              wall_s: float, num_warmup: int = 0, mode: str = "own") -> RunResult:
     """The run's figures over requests ``num_warmup`` onwards (busy time over the whole run)."""
     arrival, first, finish = recorder.arrival_s, recorder.first_token_s, recorder.finish_s
     done = [i for i in range(num_warmup, len(finish)) if not math.isnan(finish[i])]
@@ -139,7 +140,8 @@ def summarize(recorder: Recorder, *, profile: str, workload: str, rate_per_s: fl
         per_worker[recorder.worker[i]] += 1
         in_flight_s[recorder.worker[i]] += e2e_s
     return RunResult(
-        profile=profile, workload=workload, num_workers=len(busy_s), num_requests=len(arrival),
+        profile=profile, mode=mode, workload=workload, num_workers=len(busy_s),
+        num_requests=len(arrival),
         num_warmup=num_warmup, rate_per_s=rate_per_s, kv_tokens_per_worker=kv_tokens_per_worker,
         num_completed=len(done), num_rejected=len(arrival) - num_warmup - len(done),
         ttft_p50_s=percentile(ttft, 0.5), ttft_p90_s=percentile(ttft, 0.9),

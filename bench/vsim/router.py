@@ -5,7 +5,11 @@ exact index, character-block chain for the approximate one), match it against th
 snapshot the fleet from each backend's ``Backend.state()`` (the gateway's own record type:
 heartbeat load figures with their age, plus this gateway's exact, current in-flight counts),
 call ``routing.schedule`` and keep the same in-flight books (``started`` / ``first_token`` /
-``finished``); the approximate index learns where each prompt went.
+``finished``); the approximate index learns where each prompt went, and what each engine
+reported it had cached of a prompt goes to ``gateway/router.py``'s own ``Router.learn``
+(``learn``): into the backend's ``CacheFeedback``, and, when the expectation came from the
+approximate index, to ``ApproxPrefixIndex.observe``, which drops a backend's claims as old as
+one it missed.
 
 Index modes: ``none`` (the profile reads no prefix; nothing is hashed), ``exact`` (as the
 gateway with a tokenizer and KV events: the exact index, falling back to the approximate one
@@ -41,10 +45,10 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import cast
 
-from backends.registry import Backend
+from backends.registry import Backend, BackendRegistry
 from backends.sim.block_manager import KvEvent
 from bench.vsim.workloads import VRequest
-from gateway.router import RoutePlan
+from gateway.router import RoutePlan, Router, record_claim
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import EventKind, ExactPrefixIndex
 from routing.prefix import char_block_hashes, token_block_hashes
@@ -80,6 +84,15 @@ class VirtualRouter:
         self._changed: set[int] = set()
         self._by_name = {b.name: i for i, b in enumerate(self.backends)}
         self._prefix_hashes: dict[int, list[int]] = {}  # prefix group -> its full blocks' chain
+        # The live gateway's router, for its learn() alone (its other methods read the wall
+        # clock); an index mode without one gets indexes it never consults. (Not ``or``: an
+        # empty index is falsy.)
+        self._gateway = Router(
+            BackendRegistry(self.backends), self.profile,
+            ExactPrefixIndex(block_size) if self.exact_index is None else self.exact_index,
+            ApproxPrefixIndex(approx_ttl_s, block_tokens=block_size)
+            if self.approx_index is None else self.approx_index, {},
+            block_size=block_size, max_age_s=max_age_s)
 
     # -- the request ----------------------------------------------------------------------
     def describe(self, request: VRequest) -> RoutePlan:
@@ -130,6 +143,7 @@ class VirtualRouter:
             self._changed.clear()
         snapshot = FleetSnapshot(now_s=now_s, backends=tuple(states),
                                  prefix=self._match(plan.request, now_s), max_age_s=self.max_age_s)
+        plan.snapshot = snapshot  # as gateway/router.py: started() reads the claim's depth
         ranked = schedule(plan.request, snapshot, self.profile, now_s, self._rng, max_ranked=1)
         if not ranked:
             return None
@@ -156,8 +170,12 @@ class VirtualRouter:
                                           - expected_cached_tokens)
         backend.num_in_flight_prompt_tokens += plan.pending_prefill_tokens
         self._changed.add(index)
+        # As gateway/router.py: remember how old the approximate index's claim was, for learn().
+        plan.expected_cached_tokens = expected_cached_tokens
+        plan.claim_age_s = None
         if plan.request.char_hashes and self.approx_index is not None:
-            self.approx_index.record(plan.request.char_hashes, backend.name, now_s)
+            record_claim(self.approx_index, plan, backend.name, now_s)
+        plan.snapshot = None  # not kept in flight: a large fleet's plans would hold one each
 
     def first_token(self, index: int, plan: RoutePlan) -> None:
         self.backends[index].num_in_flight_prompt_tokens -= plan.pending_prefill_tokens
@@ -173,6 +191,12 @@ class VirtualRouter:
         if not had_first_token:
             backend.num_in_flight_prompt_tokens -= plan.pending_prefill_tokens
         self._changed.add(index)
+
+    def learn(self, index: int, plan: RoutePlan, num_prompt_tokens: int,
+              num_cached_tokens: int) -> None:
+        """What backend ``index`` reported it had cached of ``plan``'s prompt (the response's
+        ``usage``), as the gateway's proxy hands it to ``Router.learn`` at the response's end."""
+        self._gateway.learn(self.backends[index], plan, num_prompt_tokens, num_cached_tokens)
 
     def apply_kv_events(self, index: int, events: Iterable[KvEvent]) -> None:
         """A worker's KV events, as the gateway's fleet sync applies them from Redis."""

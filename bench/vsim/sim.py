@@ -23,6 +23,18 @@ Events, in time order (ties in the order they were scheduled):
 - **stale**: the moment a worker's figures exceed ``max_age_s`` with no newer heartbeat due
   before (silent workers, or ``heartbeat_s > max_age_s``).
 
+**Modes** (``SimConfig.mode``, as ``bench/fleet_modes.py``'s live fleets). ``own``: the events
+above. ``third-party``: the engines as vLLM servers, listed statically: no heartbeats, polls or
+KV events, so only the approximate index (an ``exact`` profile is refused); instead the
+gateway's **scrape** (``bench/vsim/scrape.py``: ``FleetSync``'s own code) looks first at time
+0 (load, discovered profile), then reads every engine's ``/metrics`` every
+``scrape_interval_s``. The first ``num_silent_workers`` answer the first look only.
+
+In both modes, each finished request's cached prompt tokens (what the engine core found at
+the admission that produced its first token, what the live worker reports in ``usage``) go to
+``gateway/router.py``'s ``Router.learn`` (``cache_feedback``): a reported miss on the
+approximate index's claim drops that backend's claims as old as the missed one.
+
 Nothing is forked: the engine is ``backends.sim.core``, the decision ``routing.schedule``, the
 gateway's per-backend record ``backends.registry.Backend``.
 
@@ -50,33 +62,24 @@ from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
-from backends.fleet import profile_from_heartbeat
+from backends.profiles import heartbeat_facts
 from backends.registry import Backend
 from backends.sim.block_manager import KvEvent
 from backends.sim.core import SimEngineCore
 from backends.sim.profile import WorkerProfile
 from backends.sim.sequence import Sequence
+from bench.fleet_modes import MODES, Mode
 from bench.run.arrivals import gap_s
 from bench.vsim.metrics import Recorder, RunResult, summarize
+from bench.vsim.profiles import MODEL as MODEL  # re-exported: bench.vsim_agreement
+from bench.vsim.profiles import PROFILES as PROFILES
+from bench.vsim.profiles import no_exact_index
 from bench.vsim.router import VirtualRouter
+from bench.vsim.scrape import EnginePages
 from bench.vsim.workloads import VRequest, Workload
 from gateway.router import RoutePlan
 
-MODEL = "vsim-llama-3-8b"
-# vsim profile -> (routing profile, prefix index mode)
-PROFILES: dict[str, tuple[str, str]] = {
-    "round_robin": ("round_robin", "none"),
-    "random": ("random", "none"),
-    "least_load": ("least_load", "none"),
-    "power_of_two": ("power_of_two", "none"),
-    "prefix_affinity": ("prefix_affinity", "exact"),
-    "prefix_affinity_approx": ("prefix_affinity", "approx"),
-    "prefix_affinity_all": ("prefix_affinity_all", "exact"),
-    "prefix_affinity_all_approx": ("prefix_affinity_all", "approx"),
-    "prefix_affinity_no_room": ("prefix_affinity_no_room", "exact"),
-    "prefix_affinity_no_room_approx": ("prefix_affinity_no_room", "approx"),
-}
-_STEP_END, _ARRIVAL, _HEARTBEAT, _STALE, _DISPATCH, _POLL = 0, 1, 2, 3, 4, 5
+_STEP_END, _ARRIVAL, _HEARTBEAT, _STALE, _DISPATCH, _POLL, _SCRAPE = 0, 1, 2, 3, 4, 5, 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,9 @@ class SimConfig:
     warmup_fraction: float = 0.1  # of requests, simulated but left out of the figures
     num_warmup: int | None = None  # the first requests left out; overrides warmup_fraction
     dispatch_s: float = 0.0  # the live path's fixed latency per request (module docstring)
+    mode: Mode = "own"  # how the gateway knows the engines (module docstring)
+    scrape_interval_s: float = 1.0  # backends/fleet.py FleetSync's /metrics scrape, third-party
+    cache_feedback: bool = True  # reported cached tokens go to Router.learn, as live
 
 
 @dataclass(slots=True)
@@ -125,15 +131,28 @@ class Simulation:
             raise ValueError(f"unknown profile {config.profile!r}; use {', '.join(PROFILES)}")
         if config.num_workers < 1 or config.num_requests < 1 or config.rate_per_s <= 0:
             raise ValueError("need num_workers >= 1, num_requests >= 1 and rate_per_s > 0")
+        if config.mode not in MODES:
+            raise ValueError(f"unknown mode {config.mode!r}; use {', '.join(MODES)}")
+        routing_profile, index_mode = PROFILES[config.profile]
+        if config.mode == "third-party" and index_mode == "exact":
+            raise ValueError(no_exact_index(config.profile))
+        if config.mode == "third-party" and config.scrape_interval_s <= 0:
+            raise ValueError("third-party mode needs scrape_interval_s > 0")
         self.config = config
         self.workload = workload
-        routing_profile, index_mode = PROFILES[config.profile]
         worker = config.worker
-        backend_profile = profile_from_heartbeat({"profile": worker.to_json()})
         self.cores = [SimEngineCore(worker) for _ in range(config.num_workers)]
-        self.backends = [Backend(f"w{i}", f"vsim://w{i}", frozenset({worker.model}),
-                                 source="heartbeat", profile=backend_profile)
-                         for i in range(config.num_workers)]
+        models = frozenset({worker.model})
+        self.pages: EnginePages | None = None
+        if config.mode == "own":  # joined by heartbeat, profile and all (FleetSync._upsert)
+            self.backends = [Backend(f"w{i}", f"vsim://w{i}", models, source="heartbeat")
+                             for i in range(config.num_workers)]
+            for backend in self.backends:
+                backend.learn_profile(heartbeat_facts(worker.to_json()))
+        else:  # listed in backends: with no profile: stated; everything else is discovered
+            self.backends = [Backend(f"w{i}", f"vsim://w{i}", models)
+                             for i in range(config.num_workers)]
+            self.pages = EnginePages(self.backends, self.cores)
         self.router = VirtualRouter(
             self.backends, routing_profile, index_mode, model=worker.model,
             block_size=worker.block_size, max_age_s=config.max_age_s,
@@ -159,12 +178,16 @@ class Simulation:
     def run(self) -> RunResult:
         started_s = time.perf_counter()
         config = self.config
-        for i in range(config.num_workers):  # every worker is observed idle at the start
-            self._apply(i, 0.0, _figures(self.cores[i]))
-            self._next_heartbeat(i, config.heartbeat_s * (i + 1) / config.num_workers, 0.0)
+        if self.pages is None:
+            for i in range(config.num_workers):  # every worker is observed idle at the start
+                self._apply(i, 0.0, _figures(self.cores[i]))
+                self._next_heartbeat(i, config.heartbeat_s * (i + 1) / config.num_workers, 0.0)
+            if config.poll_interval_s > 0:
+                self._push(config.poll_interval_s, _POLL, -1)
+        else:
+            self.pages.first_look_at(0.0)
+            self._scraped(range(config.num_workers), 0.0)
         self._push(self._next_arrival_s(0.0), _ARRIVAL, -1)
-        if config.poll_interval_s > 0:
-            self._push(config.poll_interval_s, _POLL, -1)
         heap = self._heap
         pop = heapq.heappop
         while heap:
@@ -179,10 +202,13 @@ class Simulation:
                 self._dispatch(now_s)
             elif kind == _POLL:
                 self._poll(now_s)
+            elif kind == _SCRAPE:
+                self._scrape(now_s)
             else:
                 self.router.mark_changed(worker)
         return summarize(
-            self.recorder, profile=config.profile, workload=self.workload.name,
+            self.recorder, profile=config.profile, mode=config.mode,
+            workload=self.workload.name,
             rate_per_s=config.rate_per_s,
             kv_tokens_per_worker=config.worker.kv_capacity_tokens, busy_s=self.busy_s,
             num_preemptions=sum(core.num_preemptions for core in self.cores),
@@ -269,6 +295,9 @@ class Simulation:
                 del in_flight[token.seq_id]
                 recorder.finish_s[index] = now_s
                 recorder.num_output_tokens[index] = token.num_output_tokens
+                if self.config.cache_feedback:  # the usage at the response's end
+                    router.learn(worker, item.plan, item.seq.num_prompt_tokens,
+                                 recorder.num_cached_tokens[index])
                 router.finished(worker, item.plan, had_first_token=True)
                 self.workload.finished(item.request)
         events = core.drain_kv_events()
@@ -311,9 +340,32 @@ class Simulation:
         if self._num_arrived < self.config.num_requests or self._in_flight:
             self._push(now_s + self.config.poll_interval_s, _POLL, -1)
 
+    def _scrape(self, now_s: float) -> None:
+        """FleetSync's scrape loop: every engine's ``/metrics`` at once; silent ones do not
+        answer (their figures age)."""
+        assert self.pages is not None
+        answering = range(self.config.num_silent_workers, self.config.num_workers)
+        for worker in answering:
+            self.pages.scrape(worker, now_s)
+        self._scraped(answering, now_s)
+
+    def _scraped(self, workers: range, now_s: float) -> None:
+        config = self.config
+        for worker in workers:
+            self.router.mark_changed(worker)
+            if worker < config.num_silent_workers or config.scrape_interval_s > config.max_age_s:
+                self._push_stale(worker, now_s)
+        if self._has_work():
+            self._push(now_s + config.scrape_interval_s, _SCRAPE, -1)
+
+    def _has_work(self) -> bool:
+        return (self._num_arrived < self.config.num_requests or bool(self._in_flight)
+                or bool(self._dispatching))
+
     def _apply(self, worker: int, observed_s: float, figures: EngineFigures) -> None:
         """The gateway takes in a heartbeat observed at ``observed_s``, as ``FleetSync``."""
         backend = self.backends[worker]
+        backend.load_source = "heartbeat"
         backend.load_observed_s = observed_s
         (backend.num_running, backend.num_waiting, backend.kv_usage,
          backend.num_queued_prefill_tokens, backend.num_prefix_kv_blocks) = figures
@@ -326,8 +378,13 @@ class Simulation:
         if not is_silent and (self._num_arrived < config.num_requests or self._in_flight):
             self._push(at_s, _HEARTBEAT, worker)
         if is_silent or at_s - now_s > config.max_age_s:
-            # rebuild the router's state just as these figures turn stale (see router.py)
-            self._push(now_s + config.max_age_s * (1 + 1e-9) + 1e-9, _STALE, worker)
+            self._push_stale(worker, now_s)
+
+    def _push_stale(self, worker: int, observed_s: float) -> None:
+        """Rebuild the router's state just as figures observed at ``observed_s`` turn stale
+        (see router.py)."""
+        max_age_s = self.config.max_age_s
+        self._push(observed_s + max_age_s * (1 + 1e-9) + 1e-9, _STALE, worker)
 
 
 # A heartbeat's load figures: running, waiting, KV usage, queued prefill tokens, prefix blocks.

@@ -173,7 +173,9 @@ def test_hits_near_the_lifetime_let_it_grow_back() -> None:
     for _ in range(40):
         index.observe("a", claim_age_s=index.ttl_for("a"), is_hit=True)
     assert index.ttl_for("a") == 600.0  # back to the configured lifetime, never beyond
-    index.observe("a", claim_age_s=0.01, is_hit=False)
+    index.observe("a", claim_age_s=0.5, is_hit=False)  # young: maybe still in prefill there
+    assert index.ttl_for("a") == 600.0
+    index.observe("a", claim_age_s=1.0, is_hit=False)
     assert index.ttl_for("a") == 1.0  # the floor
     index.remove_backend("a")
     assert index.ttl_for("a") == 600.0
