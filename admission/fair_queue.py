@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from admission.lazy_heap import LazyHeap
-from admission.sfq import QueueEntry, Slot, TierFairQueue, charged_tokens
+from admission.sfq import QueueEntry, Slot, TierFairQueue, charge_of, charged_tokens
 from admission.tiers import Tier
 
 __all__ = ["FairQueue", "FairQueueConfig", "QueueEntry"]
@@ -128,9 +128,7 @@ class FairQueue:
         ``is_front``: it goes ahead of its tier's fair order, behind the tier's other front
         entries (a request back when its ``Retry-After`` said: ``admission.retry_book``).
         """
-        level = self._levels.get(entry.tier)
-        if level is None:
-            raise ValueError(f"unknown tier {entry.tier!r}; queue tiers: {list(self._levels)}")
+        level = self._level(entry.tier)
         if entry.entry_id in self._slots:
             raise ValueError(f"entry {entry.entry_id!r} is already queued")
         num_tenant = self._per_tenant.get(entry.tenant, 0)
@@ -203,21 +201,22 @@ class FairQueue:
 
         Typically ``charge(e.tenant, actual_tokens - e.cost_tokens, e.tier)`` at completion.
         """
-        level = self._levels.get(tier)
-        if level is None:
-            raise ValueError(f"unknown tier {tier!r}; queue tiers: {list(self._levels)}")
-        level.fair.charge(tenant, tokens)
+        self._level(tier).fair.charge(tenant, tokens)
 
     def charge_direct(self, tenant: str, tokens: int, tier: str, weight: float = 1.0) -> int:
         """Charge a request of ``tier`` admitted without waiting in the queue as if it had
         been dispatched (its debt bounded by ``max_direct_debt_requests``); settle it with
         ``charge(tenant, actual - returned, tier)`` when it finishes. Returns the tokens
         charged (``tokens``, at least 1)."""
+        self._level(tier).fair.charge_unqueued(tenant, tokens, weight,
+                                               self.config.max_direct_debt_requests)
+        return charge_of(tokens)
+
+    def _level(self, tier: str) -> _Level:
         level = self._levels.get(tier)
         if level is None:
             raise ValueError(f"unknown tier {tier!r}; queue tiers: {list(self._levels)}")
-        level.fair.charge_unqueued(tenant, tokens, weight, self.config.max_direct_debt_requests)
-        return max(1, tokens)
+        return level
 
     def _take_expired(self, now_s: float) -> list[QueueEntry]:
         expired: list[QueueEntry] = []

@@ -68,7 +68,12 @@ class QueueEntry:
 
 def charged_tokens(entry: QueueEntry) -> int:
     """Tokens an entry counts for when dispatched: at least 1, so nothing is free."""
-    return max(1, entry.cost_tokens)
+    return charge_of(entry.cost_tokens)
+
+
+def charge_of(cost_tokens: int) -> int:
+    """What a request estimated at ``cost_tokens`` is charged when it starts: at least 1."""
+    return max(1, cost_tokens)
 
 
 class Slot:
@@ -181,38 +186,39 @@ class TierFairQueue:
 
     def charge(self, tenant: str, tokens: int, weight: float | None = None) -> None:
         """Settle ``tokens`` more (or, negative, fewer) than the tenant was charged."""
-        flow = self._flows.get(tenant)
-        if flow is None:
-            flow = self._flows[tenant] = _Flow(self.virtual_time)
+        flow = self._flow(tenant)
         if weight is not None:
             flow.weight = weight
         base = max(flow.finish_tag, self.virtual_time) if tokens > 0 else flow.finish_tag
-        flow.finish_tag = base + tokens / flow.weight
-        self._max_finish_tag = max(self._max_finish_tag, flow.finish_tag)
-        if flow.handle is not None:
-            self._flow_heap.discard(flow.handle)
-            self._schedule(tenant, flow)
-        elif flow.finish_tag <= self.virtual_time:
-            del self._flows[tenant]
+        self._retag(tenant, flow, base + tokens / flow.weight)
 
     def charge_unqueued(self, tenant: str, tokens: int, weight: float,
                         max_debt_requests: float) -> None:
         """Charge ``tokens`` (at least 1) for a request admitted without queueing, the
         tenant's finish tag capped at ``max_debt_requests`` times its cost past the virtual
         time (never lowered by the cap); settle it later with ``charge`` like a dispatch."""
+        flow = self._flow(tenant)
+        flow.weight = weight
+        cost = charge_of(tokens) / weight
+        charged = max(flow.finish_tag, self.virtual_time) + cost
+        cap = self.virtual_time + max_debt_requests * cost
+        self._retag(tenant, flow, max(flow.finish_tag, min(charged, cap)))
+
+    def _flow(self, tenant: str) -> _Flow:
         flow = self._flows.get(tenant)
         if flow is None:
             flow = self._flows[tenant] = _Flow(self.virtual_time)
-        flow.weight = weight
-        cost = max(1, tokens) / weight
-        charged = max(flow.finish_tag, self.virtual_time) + cost
-        cap = self.virtual_time + max_debt_requests * cost
-        flow.finish_tag = max(flow.finish_tag, min(charged, cap))
-        self._max_finish_tag = max(self._max_finish_tag, flow.finish_tag)
+        return flow
+
+    def _retag(self, tenant: str, flow: _Flow, finish_tag: float) -> None:
+        """Move a tenant's finish tag: rescheduled while backlogged, forgotten once idle at
+        or below the virtual time (it keeps neither credit nor debt)."""
+        flow.finish_tag = finish_tag
+        self._max_finish_tag = max(self._max_finish_tag, finish_tag)
         if flow.handle is not None:
             self._flow_heap.discard(flow.handle)
             self._schedule(tenant, flow)
-        elif flow.finish_tag <= self.virtual_time:
+        elif finish_tag <= self.virtual_time:
             del self._flows[tenant]
 
     def _live_front(self) -> Slot | None:

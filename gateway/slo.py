@@ -39,6 +39,7 @@ from admission.policy import (
 )
 from admission.predictor import TtftPredictor, snapshot_features
 from admission.retry_book import RetryBook, retry_key
+from admission.sfq import charge_of
 from admission.tiers import (
     Tier,
     TierConfig,
@@ -175,7 +176,7 @@ class SloAdmission:
         now_s = time.monotonic()
         plan.snapshot = self._snapshot(now_s, plan)
         plan.snapshot_taken_s = now_s
-        self._started(tier, max(1, plan.reserved_tokens))  # what the dispatch charged
+        self._started(tier, charge_of(plan.reserved_tokens))  # what the dispatch charged
 
     def _refused(self, tier: Tier, reason: str, retry_after_s: float | None,
                  principal: Principal, body: bytes | None, now_s: float) -> APIError:
