@@ -28,7 +28,8 @@ are exponentially weighted (time constant ``tau_s``), per tier, counted at arriv
 queued or rejected alike: the demand, not what was served).
 
 Free slots come from the fleet snapshot: per healthy backend with fresh figures and an
-advertised ``max_batch``, ``max_batch - max(running, in flight) - waiting``, counted only on
+advertised ``max_batch``, ``max_batch - holding - waiting`` (``BackendState.num_holding``: the
+larger of running and in flight, less this gateway's streams on their last step), counted only on
 backends the dispatcher would send to (``admission.policy.fleet_free_slots``). Counting the
 others let a lower tier take the one slot the dispatcher could use while an interactive
 request waited: a heartbeat that caught a request in a worker's queue keeps that worker
@@ -95,8 +96,7 @@ def backend_free_slots(backend: BackendState, *, max_age_s: float) -> int | None
         return None
     if not backend.is_healthy or backend.age_s > max_age_s:
         return 0
-    busy = max(backend.num_running, backend.num_in_flight) + backend.num_waiting
-    return max(0, max_batch - busy)
+    return max(0, max_batch - backend.num_holding - backend.num_waiting)
 
 
 def free_slots(snapshot: FleetSnapshot, *, model: str | None = None,

@@ -136,7 +136,7 @@ def backend_has_capacity(backend: BackendState, *, max_age_s: float,
     if backend.age_s > max_age_s:
         return backend.num_in_flight < config.stale_max_in_flight
     max_batch = backend.profile.max_batch
-    num_running = max(backend.num_running, backend.num_in_flight)
+    num_running = backend.num_holding
     if (backend.num_waiting > config.max_waiting
             or backend.num_in_flight_prompt_tokens > config.max_pending_prefill_tokens
             or (max_batch is not None and num_running >= max_batch)):

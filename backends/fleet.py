@@ -219,7 +219,7 @@ class FleetSync:
         ts_ms = float(doc["ts_ms"])
         if self._load_ts_ms.get(backend.name) != ts_ms:
             self._load_ts_ms[backend.name] = ts_ms
-            backend.num_finished_since_load = 0
+            backend.num_finished_since_load = backend.num_started_since_load = 0
         if backend.source == "heartbeat":
             backend.is_healthy = True
         return backend.name
@@ -260,7 +260,7 @@ class FleetSync:
         backend.num_waiting = int(totals.get("waiting", 0))
         backend.kv_usage = min(1.0, max(0.0, totals.get("kv", 0.0)))
         backend.load_observed_s = time.monotonic()
-        backend.num_finished_since_load = 0
+        backend.num_finished_since_load = backend.num_started_since_load = 0
         if backend.discover_profile:
             inferred = self._saturation.observe(backend.name, backend.num_running,
                                                 backend.num_waiting)

@@ -62,6 +62,11 @@ class Backend:
     # Requests this gateway saw finish since the engine's figures were observed: the engine
     # has fewer running (or waiting) than it last said, by at least this many.
     num_finished_since_load: int = 0
+    # Requests this gateway sent before the engine's figures were observed that have had their
+    # first token since: any of them the engine counted waiting then runs now.
+    num_started_since_load: int = 0
+    # Streams this gateway has in flight on their last step (``Router.nearly_done``).
+    num_ending: int = 0
     # The last state() and the time it was taken for; any other field's change drops it.
     _state: BackendState | None = field(default=None, init=False, repr=False)
     _state_now_s: float = field(default=0.0, init=False, repr=False)
@@ -108,15 +113,20 @@ class Backend:
             in_flight = self.num_in_flight
             max_batch = self.profile.max_batch
             num_running = in_flight if max_batch is None else min(in_flight, max_batch)
-            num_waiting = in_flight - num_running
+            # Beyond the slots the streams on their last step free as it ends.
+            num_waiting = max(0, in_flight - self.num_ending - num_running)
             capacity = self.profile.kv_capacity_tokens
             kv_usage = min(1.0, self.num_in_flight_tokens / capacity) if capacity else 0.0
         else:
             # Never observed: stale, so routing treats it as unknown, never as idle.
             age_s = inf if self.load_observed_s is None else now_s - self.load_observed_s
+            # Requests it counted waiting that have had a first token since run now; those that
+            # finished since left the running ones (or, past them, the waiting ones).
+            started = min(self.num_started_since_load, self.num_waiting)
+            running, waiting = self.num_running + started, self.num_waiting - started
             finished = self.num_finished_since_load
-            num_running = max(0, self.num_running - finished)
-            num_waiting = max(0, self.num_waiting - max(0, finished - self.num_running))
+            num_running = max(0, running - finished)
+            num_waiting = max(0, waiting - max(0, finished - running))
         state = BackendState(
             name=self.name, models=self.models, is_healthy=self.is_healthy, age_s=age_s,
             weight=self.weight, profile=self.profile, num_running=num_running,
@@ -124,11 +134,19 @@ class Backend:
             num_queued_prefill_tokens=self.num_queued_prefill_tokens,
             num_in_flight=self.num_in_flight, num_in_flight_tokens=self.num_in_flight_tokens,
             num_in_flight_prompt_tokens=self.num_in_flight_prompt_tokens,
-            num_prefix_kv_blocks=self.num_prefix_kv_blocks, source=self.source,
+            num_ending=self.num_ending, num_prefix_kv_blocks=self.num_prefix_kv_blocks,
+            source=self.source,
         )
         object.__setattr__(self, "_state", state)
         object.__setattr__(self, "_state_now_s", now_s)
         return state
+
+    @property
+    def num_running_reported(self) -> int:
+        """What the engine last said it runs, with the requests it counted waiting that have
+        had a first token since: the figure ends seen after its report are subtracted from
+        (``admission.finishes``)."""
+        return self.num_running + min(self.num_started_since_load, self.num_waiting)
 
     def mark_success(self) -> None:
         self.is_healthy = True

@@ -317,7 +317,8 @@ async def get_fleet(request: web.Request) -> web.Response:
             "kv_usage": backend.kv_usage,
             "num_queued_prefill_tokens": backend.num_queued_prefill_tokens,
             "num_prefix_kv_blocks": backend.num_prefix_kv_blocks,
-            "num_in_flight": backend.num_in_flight, "load_source": backend.load_source,
+            "num_in_flight": backend.num_in_flight, "num_ending": backend.num_ending,
+            "load_source": backend.load_source,
             "profile": _profile_json(backend),
             "prefix_cache": _prefix_cache_json(backend, gw.router.approx_index.ttl_for),
         })

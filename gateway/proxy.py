@@ -8,14 +8,17 @@ with ``handler_cancellation``), which closes the upstream connection at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections.abc import Callable
 
 import aiohttp
 import orjson
 from aiohttp import web
 
 from backends.http1 import UpstreamBroken
+from backends.registry import Backend
 from backends.upstream import RETRYABLE_STATUSES, Opened, UpstreamFailure
 from gateway.admit import QuotaTicket, admit_quota, finish_quota, output_tokens_from, renew_lease
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
@@ -178,7 +181,9 @@ async def _forward(
                                    plan.pending_prefill_tokens, time.perf_counter() - sent_s)
     try:
         if is_sse:
-            return await _relay_stream(request, gw, opened, ticket)
+            return await _relay_stream(request, gw, opened, ticket,
+                                       _ending_at_events(parsed, plan),
+                                       functools.partial(_stream_ending, gw, opened.backend, plan))
         return await _relay_body(request, gw, opened, ticket)
     finally:
         if upstream.status == 200:
@@ -187,6 +192,27 @@ async def _forward(
                 router.learn(opened.backend, plan, *usage)
         router.finished(opened.backend, plan, had_first_token=is_sse)
         opened.response.close()
+
+
+def _ending_at_events(parsed: CompletionRequest, plan: RoutePlan) -> int | None:
+    """The SSE event count at which a stream has at most one token left, so that its slot
+    can take the next request (``Router.nearly_done``); None when that is not known.
+
+    A chat stream's first event carries the role, then one event per token: its
+    ``max_tokens``-th event leaves one token to come. A completions stream has no role
+    event, so that count comes with its last token, as it ends. An engine that puts several
+    tokens in one event (speculative decoding) reaches the count later, never earlier; ``n``
+    choices interleave ``n`` streams, so only a single choice is counted."""
+    max_tokens = plan.request.max_tokens
+    num_choices = parsed.body.get("n")
+    if max_tokens is None or max_tokens < 1 or num_choices not in (None, 1):
+        return None
+    return max_tokens
+
+
+def _stream_ending(gw: Gateway, backend: Backend, plan: RoutePlan) -> None:
+    gw.router.nearly_done(backend, plan)
+    gw.slo.stream_ending()
 
 
 async def _relay_body(
@@ -224,7 +250,8 @@ async def _relay_body(
 
 
 async def _relay_stream(
-    request: web.Request, gw: Gateway, opened: Opened, ticket: QuotaTicket
+    request: web.Request, gw: Gateway, opened: Opened, ticket: QuotaTicket,
+    ending_at_events: int | None = None, on_ending: Callable[[], None] | None = None,
 ) -> web.StreamResponse:
     """Relay an SSE stream. After the first chunk (written with the response head), every
     chunk goes from the upstream connection's data callback straight to the client's socket
@@ -245,7 +272,8 @@ async def _relay_stream(
     loop = asyncio.get_running_loop()
     deadline_s = loop.time() + settings.request_timeout_s
     idle_s = settings.idle_timeout_s
-    splice = _Splice(loop, ticket, renew_every_s=gw.settings.admission.lease_ttl_s / 3)
+    splice = _Splice(loop, ticket, renew_every_s=gw.settings.admission.lease_ttl_s / 3,
+                     ending_at_events=ending_at_events, on_ending=on_ending)
     try:
         # The head goes out with the first chunk (aiohttp holds it back until a write; an
         # empty one sends the head alone), before any chunk is written to the socket directly.
@@ -306,13 +334,18 @@ class _Splice:
     connection's data callback, so it never raises: a client that has gone is only noted (its
     handler is being cancelled), and a full client buffer asks the upstream to pause."""
 
-    __slots__ = ("_is_chunked", "_loop", "_next_renew_s", "_renew_every_s", "_ticket",
-                 "_transport", "is_client_gone", "last_chunk_s", "num_chunks", "num_events",
-                 "previous", "tail")
+    __slots__ = ("_ending_at_events", "_is_chunked", "_loop", "_next_renew_s", "_on_ending",
+                 "_renew_every_s", "_ticket", "_transport", "is_client_gone", "last_chunk_s",
+                 "num_chunks", "num_events", "previous", "tail")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, ticket: QuotaTicket,
-                 renew_every_s: float) -> None:
+                 renew_every_s: float, ending_at_events: int | None = None,
+                 on_ending: Callable[[], None] | None = None) -> None:
         self._loop = loop
+        # At this many events the stream has one token left: ``on_ending`` runs, once.
+        self._ending_at_events = (ending_at_events if ending_at_events is not None
+                                  and on_ending is not None else _NEVER)
+        self._on_ending = on_ending
         self._ticket = ticket
         self._transport: asyncio.Transport | None = None
         self._is_chunked = True
@@ -332,6 +365,10 @@ class _Splice:
             return
         self.num_chunks += 1
         self.num_events += chunk.count(b"data: ")
+        if self.num_events >= self._ending_at_events:
+            self._ending_at_events = _NEVER
+            if self._on_ending is not None:
+                self._on_ending()
         self.previous, self.tail = self.tail, chunk
         self.last_chunk_s = now_s = self._loop.time()
         if now_s >= self._next_renew_s:  # a long stream keeps its lease
@@ -351,6 +388,7 @@ class _Splice:
         return transport.get_write_buffer_size() > _CLIENT_HIGH_WATER_BYTES
 
 
+_NEVER = 1 << 62  # an event count no stream reaches
 _CLIENT_HIGH_WATER_BYTES = 64 * 1024  # aiohttp's own drain limit for StreamResponse.write
 
 

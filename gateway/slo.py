@@ -205,7 +205,7 @@ class SloAdmission:
 
     def _reported_running(self, name: str) -> int | None:
         backend = self.router.registry.get(name)
-        return None if backend is None else backend.num_running
+        return None if backend is None else backend.num_running_reported
 
     def observe_first_token(self, backend: str, snapshot: FleetSnapshot | None,
                             uncached_tokens: int, ttft_s: float) -> None:
@@ -231,6 +231,12 @@ class SloAdmission:
             running_tier, charged_tokens = running
             self.num_running_by_tier[running_tier] -= 1
             self.queue.charge(tenant, actual_tokens - charged_tokens, running_tier)
+        if self.is_enabled and len(self.queue):
+            self._wakeup.set()
+
+    def stream_ending(self) -> None:
+        """A stream is on its last step (``Router.nearly_done``): its slot may take a queued
+        request now. Called from the upstream connection's data callback; never raises."""
         if self.is_enabled and len(self.queue):
             self._wakeup.set()
 

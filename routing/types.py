@@ -70,10 +70,21 @@ class BackendState:
     # prompt tokens of in-flight requests with no first token yet: this gateway's fresh view
     # of the prefill backlog (the engine's num_queued_prefill_tokens is age_s old)
     num_in_flight_prompt_tokens: int = 0
+    # of those in flight, streams on their last step (one token left of their max_tokens):
+    # the engine takes a request sent now into their slots as the step ends (``num_holding``)
+    num_ending: int = 0
     # cached KV blocks a later request hit: the prefixes the engine keeps for reuse (heartbeat,
     # ``age_s`` old); None when the engine does not say (one switchyard did not start)
     num_prefix_kv_blocks: int | None = None
     source: str = "config"  # "heartbeat", "metrics", "config"
+
+    @property
+    def num_holding(self) -> int:
+        """Batch slots held past the engine's current step: the larger of what it reported
+        running and what this gateway has in flight, less this gateway's streams on their last
+        step (a request sent now reaches the engine's queue before that step ends, and starts
+        in the slot the stream frees at once, not one step later)."""
+        return max(0, max(self.num_running, self.num_in_flight) - self.num_ending)
 
 
 @dataclass(frozen=True, slots=True)

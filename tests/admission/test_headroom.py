@@ -83,6 +83,11 @@ def test_reserved_slots(tier: str, per_s: dict[str, float], factor: float, total
     (backend(num_running=1, is_healthy=False), 0),
     (backend(num_running=1, age_s=60.0), 0),       # stale: no room counted
     (backend(max_batch=None), None),               # does not say: unknown
+    # A stream of ours on its last step frees its slot as the step ends: a request sent now
+    # starts in it then, so it counts as free; a request sent into it holds it again.
+    (backend(num_running=4, num_in_flight=4, num_ending=1), 1),
+    (backend(num_running=4, num_in_flight=5, num_ending=1), 0),
+    (backend(num_running=4, num_in_flight=4, num_ending=1, num_waiting=1), 0),
 ])
 def test_backend_free_slots(state: BackendState, expected: int | None) -> None:
     assert backend_free_slots(state, max_age_s=5.0) == expected

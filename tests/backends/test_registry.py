@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backends.registry import Backend, BackendRegistry
+from routing.types import BackendProfile
 
 
 def _backend(name: str, models: tuple[str, ...] = ("m",)) -> Backend:
@@ -73,3 +74,45 @@ def test_state_is_rebuilt_only_when_a_figure_or_the_time_changes() -> None:
     assert later.age_s == 2.5 and not later.is_healthy
     backend.load_observed_s = 11.0
     assert backend.state(11.5).age_s == 0.5
+
+
+@pytest.mark.parametrize(
+    ("running", "waiting", "started", "finished", "expected"),
+    [
+        pytest.param(4, 1, 0, 0, (4, 1), id="as-reported"),
+        pytest.param(4, 1, 1, 0, (5, 0), id="the-one-it-counted-waiting-has-started"),
+        pytest.param(4, 1, 1, 1, (4, 0), id="started-and-another-finished"),
+        pytest.param(4, 0, 2, 0, (4, 0), id="started-ones-it-never-counted-waiting-change-nothing"),
+        pytest.param(2, 3, 1, 4, (0, 1), id="finishes-past-the-running-leave-the-waiting"),
+    ],
+)
+def test_requests_started_since_the_figures_leave_its_queue(
+        running: int, waiting: int, started: int, finished: int,
+        expected: tuple[int, int]) -> None:
+    backend = _backend("a")
+    backend.load_observed_s = 9.0
+    backend.num_running, backend.num_waiting = running, waiting
+    backend.num_started_since_load, backend.num_finished_since_load = started, finished
+    state = backend.state(10.0)
+    assert (state.num_running, state.num_waiting) == expected
+    assert state.num_running + state.num_waiting == max(0, running + waiting - finished)
+
+
+@pytest.mark.parametrize(
+    ("in_flight", "ending", "expected"),
+    [
+        pytest.param(5, 0, (4, 1, 5), id="one-queued-in-the-engine"),
+        pytest.param(5, 1, (4, 0, 4), id="sent-into-the-slot-a-last-step-frees"),
+        pytest.param(4, 1, (4, 0, 3), id="a-stream-on-its-last-step-leaves-a-slot"),
+        pytest.param(6, 1, (4, 1, 5), id="one-beyond-that-slot-waits"),
+    ],
+)
+def test_books_count_streams_on_their_last_step(in_flight: int, ending: int,
+                                                expected: tuple[int, int, int]) -> None:
+    """An engine without load metrics (its load is the gateway's books), 4 slots."""
+    backend = Backend(name="a", url="http://a:8000", models=frozenset({"m"}),
+                      profile=BackendProfile(max_batch=4))
+    backend.load_source = "books"
+    backend.num_in_flight, backend.num_ending = in_flight, ending
+    state = backend.state(10.0)
+    assert (state.num_running, state.num_waiting, state.num_holding) == expected
