@@ -28,12 +28,12 @@ from backends.upstream import UpstreamClient
 from gateway import admin, handlers, proxy
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, from_http_exception
-from gateway.metrics import GatewayMetrics, counter_family, gauge_family
+from gateway.observe.metrics import GatewayMetrics, counter_family, gauge_family
+from gateway.observe.telemetry import admin_waits, setup_telemetry
 from gateway.router import Router
 from gateway.settings import RoutingSettings, Settings
 from gateway.slo import SloAdmission
 from gateway.state import open_state
-from gateway.telemetry import admin_waits, setup_telemetry
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex
 from routing.profile import SchedulingProfile, build_profile

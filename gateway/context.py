@@ -11,7 +11,7 @@ from admission.quota_types import QuotaStoreLike
 from backends.registry import BackendRegistry
 from backends.upstream import UpstreamClient
 from gateway.auth import Authenticator
-from gateway.metrics import GatewayMetrics
+from gateway.observe.metrics import GatewayMetrics
 from gateway.router import Router
 from gateway.settings import Settings
 from gateway.slo import SloAdmission

@@ -23,9 +23,9 @@ from backends.upstream import RETRYABLE_STATUSES, Opened, UpstreamFailure
 from gateway.admit import QuotaTicket, admit_quota, finish_quota, output_tokens_from, renew_lease
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, error_body
+from gateway.observe.telemetry import REQUEST_TRACE, TELEMETRY
 from gateway.router import RoutePlan, reported_cache_usage
 from gateway.slo import TIER_HEADER
-from gateway.telemetry import REQUEST_TRACE, TELEMETRY
 from gateway.validation import CompletionRequest, parse_completion_body
 
 log = logging.getLogger(__name__)

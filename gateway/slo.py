@@ -51,7 +51,7 @@ from admission.tiers import (
 )
 from gateway.auth import Principal
 from gateway.errors import APIError
-from gateway.metrics import counter_family, gauge_family
+from gateway.observe.metrics import counter_family, gauge_family
 from gateway.router import RoutePlan, Router
 from routing.types import FleetSnapshot
 

@@ -47,8 +47,8 @@ from bench.run.summary import Phase, summarize
 from bench.run.tenants import origin_of, provision, read_keys, write_keys
 from bench.run.workers import load_spread, scrape_all
 from bench.run.workloads import WORKLOADS, WorkloadOptions
-from gateway.waits import fetch as fetch_waits
-from gateway.waits import save_png
+from gateway.observe.waits import fetch as fetch_waits
+from gateway.observe.waits import save_png
 
 
 def _tenants(args: argparse.Namespace, url: str, admin_token: str | None,
@@ -129,7 +129,7 @@ def _own_cpu_s() -> float:
 
 
 def _gateway_waits(url: str, admin_token: str | None, window_s: float) -> dict[str, Any] | None:
-    """The gateway's waits report over the run (``gateway.waits``), or None when the target
+    """The gateway's waits report over the run (``gateway.observe.waits``), or None when the target
     is not a switchyard gateway or no admin token was given."""
     if not admin_token:
         return None

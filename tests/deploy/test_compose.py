@@ -15,8 +15,8 @@ from opentelemetry import environment_variables as otel_api_variables
 from opentelemetry.sdk import environment_variables as otel_sdk_variables
 
 from gateway import cli as gateway_cli
+from gateway.observe.tracing import tracing_from_env
 from gateway.settings import ENV_PREFIX, load_settings
-from gateway.tracing import tracing_from_env
 from tests.deploy.manifests import (
     COMPOSE_FILE,
     DEPLOY,

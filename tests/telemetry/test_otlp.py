@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from gateway.otlp import encode_children, encode_request, encode_span_fields, framed_span
-from gateway.tracing import OtlpHttpExporter, TelemetryConfigError, tracing_from_env
+from gateway.observe.otlp import encode_children, encode_request, encode_span_fields, framed_span
+from gateway.observe.tracing import OtlpHttpExporter, TelemetryConfigError, tracing_from_env
 
 RESOURCE = Resource.create({"service.name": "test"})
 SCOPE = InstrumentationScope("switchyard.gateway", "0.1.0")

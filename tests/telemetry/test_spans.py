@@ -18,10 +18,10 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway.app import create_app
 from gateway.localproc import ProcessGroup
-from gateway.otlp import RequestSpans, encode_request_spans, export_request
+from gateway.observe.otlp import RequestSpans, encode_request_spans, export_request
+from gateway.observe.telemetry import MIN_WAIT_SPAN_S, TELEMETRY, Telemetry
+from gateway.observe.tracing import OtlpHttpExporter, Tracing
 from gateway.settings import Settings
-from gateway.telemetry import MIN_WAIT_SPAN_S, TELEMETRY, Telemetry
-from gateway.tracing import OtlpHttpExporter, Tracing
 from tests.fleet import ADMIN_TOKEN, MODEL, Engine
 
 CLIENT_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.waits import MEANINGS, WaitsWindow, render_text, save_png
+from gateway.observe.waits import MEANINGS, WaitsWindow, render_text, save_png
 
 # (tier, e2e_s, waits) per request
 Rows = list[tuple[str, float, dict[str, float]]]

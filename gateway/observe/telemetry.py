@@ -6,9 +6,10 @@ Prometheus histograms, and — when tracing is on and the request is sampled —
 from those timestamps: a SERVER span with the GenAI semantic-convention attributes and one
 child span per wait, written straight to OTLP protobuf for the exporter (and as SDK spans for
 SDK span processors). Nothing lives during the request but a few floats, so tracing that is off
-costs nothing but a flag check, and sampled tracing stays cheap (``gateway/tracing.py`` has the
-configuration from ``OTEL_*`` and the exporter, ``gateway/otlp.py`` the encoding). Workers get a
-W3C ``traceparent`` naming the gateway's span, so their spans join the same trace.
+costs nothing but a flag check, and sampled tracing stays cheap (``gateway/observe/tracing.py``
+has the configuration from ``OTEL_*`` and the exporter, ``gateway/observe/otlp.py`` the
+encoding). Workers get a W3C ``traceparent`` naming the gateway's span, so their spans join the
+same trace.
 
 Example::
 
@@ -45,9 +46,9 @@ from opentelemetry.trace import (
 from gateway.admin import _admin as require_admin
 from gateway.context import GATEWAY, REQUEST_ID
 from gateway.errors import APIError
-from gateway.tracing import Tracing, tracing_from_env
-from gateway.wait_metrics import WaitMetrics
-from gateway.waits import WAIT_TYPES, WaitsWindow
+from gateway.observe.tracing import Tracing, tracing_from_env
+from gateway.observe.wait_metrics import WaitMetrics
+from gateway.observe.waits import WAIT_TYPES, WaitsWindow
 
 if TYPE_CHECKING:
     from gateway.router import RoutePlan
@@ -327,7 +328,7 @@ def setup_telemetry(app: web.Application) -> None:
 
 
 async def admin_waits(request: web.Request) -> web.Response:
-    """GET /admin/waits[?window_s=N]: the waits report (see ``gateway.waits``)."""
+    """GET /admin/waits[?window_s=N]: the waits report (see ``gateway.observe.waits``)."""
     require_admin(request)
     window_s = None
     raw = request.query.get("window_s")

@@ -6,7 +6,7 @@ sampler (``OTEL_TRACES_SAMPLER`` / ``_ARG``), the span and trace ids and the res
 (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``). ``console`` goes through the SDK's
 span processor and exporter. ``otlp`` is OTLP/HTTP with protobuf, sent by
 ``OtlpHttpExporter`` from the event loop: each request hands over its spans as one tuple,
-encoded (``gateway.otlp``) a batch at a time, with no thread and no span objects, because
+encoded (``gateway.observe.otlp``) a batch at a time, with no thread and no span objects, because
 the SDK's threaded exporter costs about as much CPU per traced request as the gateway
 itself. It reads
 ``OTEL_EXPORTER_OTLP_[TRACES_]{ENDPOINT,HEADERS,TIMEOUT,COMPRESSION,CERTIFICATE}`` and
@@ -17,7 +17,7 @@ Example::
     tracing = tracing_from_env()       # None when tracing is off
     if tracing is not None and tracing.exporter is not None:
         task = asyncio.create_task(tracing.exporter.run())
-        tracing.exporter.add(request_spans, num_spans=5)   # gateway.otlp.RequestSpans
+        tracing.exporter.add(request_spans, num_spans=5)   # gateway.observe.otlp.RequestSpans
         await tracing.exporter.close()  # the last batch goes out
 """
 
@@ -40,8 +40,8 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from gateway.metrics import counter_family
-from gateway.otlp import RequestSpans, UnsupportedSpan, encode_request_spans, export_request
+from gateway.observe.metrics import counter_family
+from gateway.observe.otlp import RequestSpans, UnsupportedSpan, encode_request_spans, export_request
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 Observed once per request on the event loop, so they are plain bucket counts (about a quarter
 of a ``prometheus_client.Histogram.observe``, which takes a lock per call), turned into metric
-families when ``/metrics`` is scraped. Labels are bounded: wait types from ``gateway.waits`` and
-the configured tiers (anything else is ``"other"``).
+families when ``/metrics`` is scraped. Labels are bounded: wait types from
+``gateway.observe.waits`` and the configured tiers (anything else is ``"other"``).
 
 Example::
 
@@ -18,8 +18,8 @@ from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client.core import HistogramMetricFamily
 
-from gateway.metrics import GatewayMetrics
-from gateway.waits import WAIT_TYPES
+from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.waits import WAIT_TYPES
 
 WAIT_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                   0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)

@@ -1,0 +1,2 @@
+"""Observability of the gateway: a span per request and per wait (OTLP), Prometheus metrics,
+wait histograms and the waits report behind ``/admin/waits``."""
