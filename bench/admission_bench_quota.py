@@ -44,7 +44,7 @@ import httpx
 import orjson
 import uvloop
 
-from admission.quota_lua import ACQUIRE_SCRIPT, RENEW_SCRIPT, SETTLE_SCRIPT
+from admission.quota.lua import ACQUIRE_SCRIPT, RENEW_SCRIPT, SETTLE_SCRIPT
 from bench.admission_bench_fleet import MOCK_MODEL, Fleet, GatewayProc, provision, scrape
 from bench.loadgen import chat_body, json_headers
 from bench.stats import median

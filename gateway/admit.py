@@ -21,7 +21,7 @@ import asyncio
 import re
 from dataclasses import dataclass, field
 
-from admission.quota_types import QuotaStoreLike
+from admission.quota.types import QuotaStoreLike
 from gateway.auth import Principal
 from gateway.errors import APIError
 from gateway.router import RoutePlan

@@ -18,7 +18,7 @@ from aiohttp import web
 from redis.exceptions import RedisError
 
 from admission.fair_queue import FairQueueConfig
-from admission.quota_types import QuotaStoreLike
+from admission.quota.types import QuotaStoreLike
 from backends.approx_sync import ApproxIndexSync
 from backends.fleet import FleetSync
 from backends.health import HealthChecker

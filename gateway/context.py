@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from admission.quota_types import QuotaStoreLike
+from admission.quota.types import QuotaStoreLike
 from backends.registry import BackendRegistry
 from backends.upstream import UpstreamClient
 from gateway.auth import Authenticator

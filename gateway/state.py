@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from admission.quota import QuotaStore
-from admission.quota_memory import MemoryQuotaStore
-from admission.quota_types import QuotaStoreLike
+from admission.quota.memory import MemoryQuotaStore
+from admission.quota.store import QuotaStore
+from admission.quota.types import QuotaStoreLike
 from gateway.auth import Authenticator
 from gateway.keystore import KeyStore
 from gateway.keystore_memory import MemoryKeyStore

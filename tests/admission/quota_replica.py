@@ -15,7 +15,7 @@ from collections import Counter
 import orjson
 import redis.asyncio as aioredis
 
-from admission.quota import QuotaLimits, QuotaStore
+from admission.quota.store import QuotaLimits, QuotaStore
 
 
 async def main(redis_url: str, tenant_id: str, rpm: int, num_attempts: int, go_key: str) -> None:

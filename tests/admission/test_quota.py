@@ -17,7 +17,7 @@ import pytest
 import redis as sync_redis
 import redis.asyncio as aioredis
 
-from admission.quota import FailMode, QuotaLimits, QuotaStore, quota_keys
+from admission.quota.store import FailMode, QuotaLimits, QuotaStore, quota_keys
 from gateway.localproc import ProcessGroup, free_port, start_redis
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from admission.quota_local import LocalLimiter
-from admission.quota_types import QuotaLimits
+from admission.quota.local import LocalLimiter
+from admission.quota.types import QuotaLimits
 
 
 def test_request_burst_is_exact_then_paced() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from admission.quota_memory import MemoryQuotaStore
-from admission.quota_types import QuotaLimits
+from admission.quota.memory import MemoryQuotaStore
+from admission.quota.types import QuotaLimits
 
 
 class Clock:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from admission.quota_types import QuotaDecision, format_duration_ms
+from admission.quota.types import QuotaDecision, format_duration_ms
 
 
 @pytest.mark.parametrize(("duration_ms", "text"), [

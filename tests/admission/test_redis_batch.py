@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from admission.quota import FailMode, QuotaLimits, QuotaStore, quota_keys
+from admission.quota.store import FailMode, QuotaLimits, QuotaStore, quota_keys
 from gateway.localproc import (
     ProcessGroup,
     free_port,
@@ -96,8 +96,8 @@ async def warm(store: QuotaStore, num_calls: int = 1, tenant: str | None = None)
 @pytest.fixture(params=[pytest.param(True, id="own-connection"),
                         pytest.param(False, id="redis-py")])
 def own_connection(request: pytest.FixtureRequest) -> bool:
-    """Every test runs on the store's own connection (admission/redis_pipe.py) and through
-    redis-py (admission/redis_batch.py): the same scheduling, two transports."""
+    """Every test runs on the store's own connection (admission/quota/redis_pipe.py) and through
+    redis-py (admission/quota/redis_batch.py): the same scheduling, two transports."""
     return bool(request.param)
 
 

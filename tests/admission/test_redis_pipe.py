@@ -1,4 +1,4 @@
-"""The quota store's own Redis connection (admission/redis_pipe.py), on real redis-servers:
+"""The quota store's own Redis connection (admission/quota/redis_pipe.py), on real redis-servers:
 RESP packing, AUTH and SELECT, timeouts that close the connection, reconnects, and settles
 queued without a task. The scheduling shared with redis-py's path is in test_redis_batch.py."""
 
@@ -15,9 +15,9 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from admission.quota import QuotaLimits, QuotaStore, quota_keys
-from admission.quota_lua import RENEW_SCRIPT
-from admission.redis_pipe import RespAddress, RespScriptPipe, _pack_command
+from admission.quota.lua import RENEW_SCRIPT
+from admission.quota.redis_pipe import RespAddress, RespScriptPipe, _pack_command
+from admission.quota.store import QuotaLimits, QuotaStore, quota_keys
 from gateway.localproc import ProcessGroup, start_redis
 
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import redis
 
-from admission.quota import quota_keys
+from admission.quota.store import quota_keys
 from gateway.localproc import ProcessGroup, start_redis
 from tests.fleet import Engine, Gateway
 

@@ -4,10 +4,10 @@
 output) and a concurrency lease atomically on the Redis server's clock; ``settle`` releases the
 lease and moves the token charge to the actual count; ``renew`` keeps a long stream's lease
 alive. The script calls of all concurrent requests made in one event-loop iteration share one
-pipelined round trip, on the store's own connection (admission/redis_pipe.py: RESP written by
+pipelined round trip, on the store's own connection (admission/quota/redis_pipe.py: RESP written by
 hand, a fraction of redis-py's CPU per call) when the client is a plain ``Redis``, else through
-the client (admission/redis_batch.py). Every call is bounded by ``timeout_s``; on a
-Redis error the store fails open (an in-process limiter, admission/quota_local.py) or closed (a
+the client (admission/quota/redis_batch.py). Every call is bounded by ``timeout_s``; on a
+Redis error the store fails open (an in-process limiter, admission/quota/local.py) or closed (a
 503 decision). Keys and the algorithm: docs/redis.md, "Quotas".
 
 Example::
@@ -34,17 +34,17 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from admission.quota_local import LocalLimiter
-from admission.quota_lua import ACQUIRE_SCRIPT, RENEW_SCRIPT, SETTLE_SCRIPT, LuaScript
-from admission.quota_types import (
+from admission.quota.local import LocalLimiter
+from admission.quota.lua import ACQUIRE_SCRIPT, RENEW_SCRIPT, SETTLE_SCRIPT, LuaScript
+from admission.quota.redis_batch import ScriptBatcher
+from admission.quota.redis_pipe import RespAddress, RespScriptPipe
+from admission.quota.types import (
     REFUSED_BY_CODE,
     LimitsLike,
     QuotaDecision,
     QuotaLimits,
     normalize_limit,
 )
-from admission.redis_batch import ScriptBatcher
-from admission.redis_pipe import RespAddress, RespScriptPipe
 
 __all__ = ["FailMode", "QuotaDecision", "QuotaLimits", "QuotaStore", "quota_keys"]
 

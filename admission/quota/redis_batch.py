@@ -45,7 +45,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
-from admission.quota_lua import LuaScript
+from admission.quota.lua import LuaScript
 
 __all__ = ["ScriptBatcher"]
 

@@ -1,7 +1,7 @@
 """Value types of the quota store: limits in, a decision out, and OpenAI's rate-limit headers.
 
-Pure: no I/O. ``QuotaStore`` (admission/quota.py) and the in-process fallback
-(admission/quota_local.py) both return a :class:`QuotaDecision`.
+Pure: no I/O. ``QuotaStore`` (admission/quota/store.py) and the in-process fallback
+(admission/quota/local.py) both return a :class:`QuotaDecision`.
 
 Example::
 
@@ -39,8 +39,9 @@ class LimitsLike(Protocol):
 
 
 class QuotaStoreLike(Protocol):
-    """What the gateway asks of a quota store: ``admission.quota.QuotaStore`` (Redis, shared by
-    every replica) or ``admission.quota_memory.MemoryQuotaStore`` (one replica, in process)."""
+    """What the gateway asks of a quota store: ``admission.quota.store.QuotaStore`` (Redis,
+    shared by every replica) or ``admission.quota.memory.MemoryQuotaStore`` (one replica, in
+    process)."""
 
     async def acquire(self, tenant_id: str, limits: LimitsLike, *, tokens: int,
                       request_id: str) -> QuotaDecision: ...

@@ -1,7 +1,7 @@
 """The in-process limiter the quota store falls back to while Redis is unreachable (fail-open).
 
 Pure: the caller passes ``now_s`` (a monotonic clock). Same algorithm as the Lua scripts
-(admission/quota_lua.py): a GCRA per tenant for requests and for tokens, and leases with a TTL
+(admission/quota/lua.py): a GCRA per tenant for requests and for tokens, and leases with a TTL
 for concurrency. It knows only this replica's traffic, so during an outage each replica enforces
 the full limits on its own.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from admission.quota_types import (
+from admission.quota.types import (
     WINDOW_MS,
     LimitsLike,
     QuotaDecision,

@@ -1,9 +1,10 @@
 """Tenant quotas of a single gateway replica, in process: the quota store without Redis.
 
-The same algorithm as the Redis scripts (``admission.quota_local.LocalLimiter``: a GCRA per
+The same algorithm as the Redis scripts (``admission.quota.local.LocalLimiter``: a GCRA per
 tenant for requests and for tokens, leases with a TTL for concurrency), and the interface the
-gateway uses of ``admission.quota.QuotaStore``. With one replica it sees all the traffic, so its
-limits are exact; nothing is shared, so several replicas would each enforce the full limits.
+gateway uses of ``admission.quota.store.QuotaStore``. With one replica it sees all the traffic,
+so its limits are exact; nothing is shared, so several replicas would each enforce the full
+limits.
 
 Example::
 
@@ -17,8 +18,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from admission.quota_local import LocalLimiter
-from admission.quota_types import LimitsLike, QuotaDecision
+from admission.quota.local import LocalLimiter
+from admission.quota.types import LimitsLike, QuotaDecision
 
 __all__ = ["MemoryQuotaStore"]
 

@@ -5,7 +5,7 @@ redis-py spends ~75 µs of client CPU on a lone ``EVALSHA`` (a connection taken 
 put back, retry and timeout wrappers, command packing, a response-parsing coroutine); the quota
 store makes one or two script calls per request. Here a call is a future and a few bytes
 appended to one write; the protocol's ``data_received`` hands each reply to its call's future,
-in order. The scheduling is that of ``ScriptBatcher`` (admission/redis_batch.py), which stays
+in order. The scheduling is that of ``ScriptBatcher`` (admission/quota/redis_batch.py), which stays
 for clients this connection cannot stand in for (``RedisCluster``, TLS, credential providers):
 
 - the calls made in one loop iteration leave as one write (one round trip) from a ``call_soon``
@@ -44,7 +44,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from admission.quota_lua import LuaScript
+from admission.quota.lua import LuaScript
 
 __all__ = ["RespAddress", "RespScriptPipe"]
 
