@@ -9,7 +9,7 @@ The model (one per backend, plus a fleet-wide one that seeds new backends)::
                    + num_running * steps * running_step_s            decode interference
                    + num_ahead * per_ahead_s                         waiting for a batch slot
 
-``queued_tokens`` follows ``routing.ttft``: the larger of the engine's
+``queued_tokens`` follows ``routing.plugins.ttft``: the larger of the engine's
 ``num_queued_prefill_tokens`` and the gateway's ``num_in_flight_prompt_tokens`` when the
 backend's figures are fresh (the engine's count already includes what it has received of
 ours); when stale, the worst engine backlog among the candidates plus ours. Decode

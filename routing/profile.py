@@ -22,8 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# The built-in plugins register themselves on import.
-from routing import cache_room, filters, pickers, scorers, session, ttft  # noqa: F401
+import routing.plugins  # noqa: F401  (registers every built-in plugin)
 from routing.plugin import Filter, Picker, Scorer, check_number
 from routing.registry import make_filter, make_picker, make_scorer
 from routing.shortlist import Shortlist

@@ -19,7 +19,7 @@ backend is unknown, never idle). The load-aware ones also steer around saturated
 
 **prefix_affinity's cost model.** A cached prefix only helps if the backend holding it starts
 the request sooner than another one would. So the main score (weight 4) is ``ttft``
-(``routing.ttft``): for each backend, ``(prefill backlog + uncached prompt tokens) / prefill
+(``routing.plugins.ttft``): for each backend, ``(prefill backlog + uncached prompt tokens) / prefill
 speed``, with the uncached tokens taken from the prefix index's match and the backlog from the
 engine's queued prefill tokens and the gateway's own in-flight prompts. ``prefix`` (weight 1,
 matched fraction of the request's blocks) adds a lean towards holders when estimates are
@@ -42,8 +42,8 @@ busiest in flight 3.4 x the mean with the approximate index, 1.8 with the guard)
 guard (16 more) balances the hot prefix better (1.3) but on the Zipf workload at 863 req/s
 spreads popular prefixes into caches that then evict others (p99 54 -> 203 ms).
 
-``cache_room`` (weight 2, ``routing.cache_room``) matters under KV pressure: a prompt no backend
-holds would otherwise go wherever the load scores point, and some caches end up with more
+``cache_room`` (weight 2, ``routing.plugins.cache_room``) matters under KV pressure: a prompt
+no backend holds would otherwise go wherever the load scores point, and some caches end up with more
 reused prefixes than fit and keep evicting them. It scores each backend's KV left free of
 reused prefixes after storing the request (a holder needs none for what it holds), so among
 similarly loaded backends the prompt goes where it evicts the least. Weight 2 was chosen in

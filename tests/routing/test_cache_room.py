@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from routing.cache_room import CacheRoomScorer
+from routing.plugins.cache_room import CacheRoomScorer
 from routing.profile import build_profile
 from routing.scheduler import schedule
 from routing.types import BackendState

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from routing.filters import (
+from routing.plugin import Filter
+from routing.plugins.filters import (
     BalancedFilter,
     FreshFilter,
     HealthyFilter,
@@ -13,7 +14,6 @@ from routing.filters import (
     NotSaturatedFilter,
     ResourcesFilter,
 )
-from routing.plugin import Filter
 from routing.types import BackendState, RouteRequest
 from tests.routing.builders import backend, cycle, profile, request
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from routing.filters import NotSaturatedFilter
 from routing.fit import EXPECTED_OUTPUT_TOKENS, fits, free_kv_tokens, needed_kv_tokens
+from routing.plugins.filters import NotSaturatedFilter
 from routing.profiles import profile_by_name
 from routing.scheduler import schedule
 from routing.types import BackendState

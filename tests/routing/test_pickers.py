@@ -7,14 +7,14 @@ from random import Random
 
 import pytest
 
-from routing.pickers import (
+from routing.plugin import Picker
+from routing.plugins.pickers import (
     MaxScorePicker,
     PowerOfTwoPicker,
     RandomPicker,
     RoundRobinPicker,
     SoftmaxPicker,
 )
-from routing.plugin import Picker
 from tests.routing.builders import backend
 
 CANDIDATES = [backend(f"w{i}") for i in range(4)]

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from routing.filters import HealthyFilter, ModelFilter, NotSaturatedFilter
-from routing.pickers import MaxScorePicker, SoftmaxPicker
+from routing.plugins.filters import HealthyFilter, ModelFilter, NotSaturatedFilter
+from routing.plugins.pickers import MaxScorePicker, SoftmaxPicker
+from routing.plugins.scorers import PrefixScorer, QueueScorer
 from routing.profile import build_profile
-from routing.scorers import PrefixScorer, QueueScorer
 
 EXAMPLE = {
     "filters": [{"type": "model"}, {"type": "healthy"}, {"type": "fresh"},

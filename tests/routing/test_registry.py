@@ -94,3 +94,16 @@ def test_duplicate_names_are_refused(register: Callable[[str], Callable[[Any], A
                                      existing: str) -> None:
     with pytest.raises(ValueError, match="already registered"):
         register(existing)(object)
+
+
+def test_the_plugins_package_registers_every_built_in_module() -> None:
+    """A plugin module left out of ``routing.plugins`` would never register: every module in
+    the folder is one the package imports."""
+    from pathlib import Path
+
+    import routing.plugins
+
+    folder = Path(routing.plugins.__file__).parent
+    modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    assert modules == set(routing.plugins.__all__)
+    assert registry.filter_types() and registry.scorer_types() and registry.picker_types()

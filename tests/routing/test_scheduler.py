@@ -9,9 +9,9 @@ from random import Random
 
 import pytest
 
-from routing.filters import FreshFilter, HealthyFilter, ModelFilter, NotSaturatedFilter
-from routing.pickers import MaxScorePicker, RoundRobinPicker
 from routing.plugin import Cycle, Picker
+from routing.plugins.filters import FreshFilter, HealthyFilter, ModelFilter, NotSaturatedFilter
+from routing.plugins.pickers import MaxScorePicker, RoundRobinPicker
 from routing.profile import SchedulingProfile, WeightedScorer, build_profile
 from routing.scheduler import schedule
 from routing.types import BackendState, FleetSnapshot, Ranked

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from routing.plugin import Scorer
-from routing.scorers import (
+from routing.plugins.scorers import (
     InFlightTokensScorer,
     KvUsageScorer,
     PrefixScorer,

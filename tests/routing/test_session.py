@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from routing.session import SessionScorer, rendezvous_scores
+from routing.plugins.session import SessionScorer, rendezvous_scores
 from tests.routing.builders import backend, cycle, request
 
 NAMES = [f"w{i}" for i in range(8)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from routing.ttft import TtftScorer
+from routing.plugins.ttft import TtftScorer
 from routing.types import BackendState
 from tests.routing.builders import backend, cycle, profile, request
 

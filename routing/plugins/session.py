@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from hashlib import blake2b
 
 from routing.plugin import Cycle
+from routing.plugins.scorers import QueueScorer
 from routing.registry import register_scorer
-from routing.scorers import QueueScorer
 from routing.types import BackendState
 
 _TWO_52 = float(2**52)

@@ -4,7 +4,7 @@ Hard filters (``model``, ``healthy``, ``resources``) drop every backend that fai
 the last one: sending there would fail anyway. Soft filters (``fresh``, ``not_saturated``,
 ``balanced``; ``soft = True``) prefer better backends but never leave the request with nowhere
 to go: when nobody passes, ``schedule()`` keeps every candidate and the load scorers
-(``routing.scorers``) rate the stale or saturated ones as loaded. Every filter returns only
+(``routing.plugins.scorers``) rate the stale or saturated ones as loaded. Every filter returns only
 the backends that pass (the fallback is the scheduler's, so a shortlist can tell "none of
 these" from "none at all", ``routing.shortlist``). Each is one pass over the candidates,
 O(backends).
@@ -111,7 +111,7 @@ class BalancedFilter:
     (soft): ``load > max_ratio * least`` and ``load > least + max_excess``, with ``load`` the
     engine's waiting requests plus this gateway's in-flight ones (as the ``queue`` scorer).
 
-    The TTFT estimate (``routing.ttft``) sees a holder's prefill backlog, not its decode
+    The TTFT estimate (``routing.plugins.ttft``) sees a holder's prefill backlog, not its decode
     batch: cache hits add almost no backlog, so a hot prefix's holders keep winning however
     many requests they run, and the set of holders stays whatever it was when the prefix got
     hot. This guard sends the request elsewhere once a holder runs both ``max_ratio`` times
