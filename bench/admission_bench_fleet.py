@@ -32,7 +32,7 @@ import httpx
 import redis
 import yaml
 
-from gateway.localproc import (
+from gateway.cli.localproc import (
     ProcessGroup,
     free_port,
     free_port_range,

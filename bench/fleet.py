@@ -19,7 +19,13 @@ from typing import Any
 import httpx
 import yaml
 
-from gateway.localproc import ProcessGroup, free_port, python_module_argv, start_redis, wait_http
+from gateway.cli.localproc import (
+    ProcessGroup,
+    free_port,
+    python_module_argv,
+    start_redis,
+    wait_http,
+)
 
 MODEL = "switchyard-mock"
 CHAT_PATH = "/v1/chat/completions"

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from gateway.localproc import ProcessGroup
+from gateway.cli.localproc import ProcessGroup
 
 Mode = Literal["own", "third-party"]
 MODES: tuple[Mode, ...] = get_args(Mode)

@@ -30,7 +30,7 @@ import yaml
 
 from bench.fleet_modes import Mode, describe, static_backends, wait_for_backends
 from bench.run.workers import parse_counters
-from gateway.localproc import (
+from gateway.cli.localproc import (
     ProcessGroup,
     free_port,
     free_port_range,

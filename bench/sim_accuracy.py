@@ -44,7 +44,7 @@ from bench.sim_accuracy_model import (
     summarize,
 )
 from bench.stats import median
-from gateway.localproc import ProcessGroup, free_port_range, python_module_argv, wait_http
+from gateway.cli.localproc import ProcessGroup, free_port_range, python_module_argv, wait_http
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TARGET_E2E_P90_ABS = 0.05

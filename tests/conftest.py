@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.localproc import ProcessGroup, start_redis
+from gateway.cli.localproc import ProcessGroup, start_redis
 from tests.fleet import Engine, Gateway, process_group
 
 

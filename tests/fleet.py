@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import yaml
 
-from gateway.localproc import ProcessGroup, free_port, python_module_argv, wait_http
+from gateway.cli.localproc import ProcessGroup, free_port, python_module_argv, wait_http
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 KEY_SECRET = "test-key-secret-abcdefghijklmnop"

@@ -45,7 +45,7 @@ def test_package_does_not_import(package: str, forbidden: tuple[str, ...]) -> No
 
 def test_gateway_process_does_not_load_torch() -> None:
     code = (
-        "import sys, gateway.cli, gateway.server, gateway.app, backends.mock.server\n"
+        "import sys, gateway.cli.commands, gateway.server, gateway.app, backends.mock.server\n"
         "print('torch' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from gateway.localproc import (
+from gateway.cli.localproc import (
     ProcessGroup,
     free_port,
     free_port_range,

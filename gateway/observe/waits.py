@@ -180,7 +180,7 @@ def save_png(report: Mapping[str, Any], path: str | Path, title: str | None = No
 
 # -- `switchyard waits` -----------------------------------------------------------------------
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from gateway.admin_client import add_admin_arguments
+    from gateway.cli.admin_client import add_admin_arguments
 
     parser = sub.add_parser("waits", help="which wait dominates, per tier (GET /admin/waits)")
     parser.add_argument("--window-s", type=float, help="look at the last N seconds only")

@@ -2,7 +2,7 @@
 in front of them, all on 127.0.0.1; prints a demo key. Ctrl-C (or SIGTERM) stops everything.
 
 Run it through ``scripts/vllm/fleet.sh N`` (which runs setup first); it needs the project venv
-(for `gateway.localproc`) and the vLLM venv that ``scripts/vllm/setup.sh`` builds. Each vLLM
+(for `gateway.cli.localproc`) and the vLLM venv that ``scripts/vllm/setup.sh`` builds. Each vLLM
 server is bound to one core (``VLLM_CPU_OMP_THREADS_BIND``), runs in float32 and eagerly unless
 told otherwise (``--dtype``, ``--compile``), has prefix caching on, reports
 ``prompt_tokens_details.cached_tokens``, and is listed under ``backends:`` with its profile left
@@ -35,8 +35,8 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
-from gateway.localproc import ProcessGroup, free_port, start_redis  # noqa: E402
-from gateway.up import _demo_key, _print_banner  # noqa: E402
+from gateway.cli.localproc import ProcessGroup, free_port, start_redis  # noqa: E402
+from gateway.cli.up import _demo_key, _print_banner  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"

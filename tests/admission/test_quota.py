@@ -18,7 +18,7 @@ import redis as sync_redis
 import redis.asyncio as aioredis
 
 from admission.quota.store import FailMode, QuotaLimits, QuotaStore, quota_keys
-from gateway.localproc import ProcessGroup, free_port, start_redis
+from gateway.cli.localproc import ProcessGroup, free_port, start_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER_NAMES = {

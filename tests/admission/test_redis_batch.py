@@ -25,7 +25,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from admission.quota.store import FailMode, QuotaLimits, QuotaStore, quota_keys
-from gateway.localproc import (
+from gateway.cli.localproc import (
     ProcessGroup,
     free_port,
     free_port_range,

@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from admission.quota.lua import RENEW_SCRIPT
 from admission.quota.redis_pipe import RespAddress, RespScriptPipe, _pack_command
 from admission.quota.store import QuotaLimits, QuotaStore, quota_keys
-from gateway.localproc import ProcessGroup, start_redis
+from gateway.cli.localproc import ProcessGroup, start_redis
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from bench.admission_bench_load import TIERS, Mix, RetryPolicy, Workload, drive_with_retries
-from gateway.localproc import free_port
+from gateway.cli.localproc import free_port
 
 TENANTS = Mix().tenants
 KEYS = {t: {tier: f"key-{t}-{tier}" for tier in TIERS} for t in TENANTS}

@@ -25,7 +25,7 @@ from bench.run.text import WORDS, text
 from bench.run.workers import load_spread, parse_counters
 from bench.run.workloads import WORKLOADS, TokenRange, WorkloadOptions, zipf_weights
 from bench.run.workloads.trace import SAMPLE_TRACE, read_trace
-from gateway.cli import main as switchyard_main
+from gateway.cli.commands import main as switchyard_main
 
 TENANTS = parse_tenants("interactive:2,standard:3,batch:1")
 SMALL = WorkloadOptions(system_tokens=TokenRange(40, 60), question_tokens=TokenRange(5, 10),

@@ -25,7 +25,7 @@ import yaml
 
 from backends.sim import cli as sim_cli
 from backends.worker import cli as worker_cli
-from gateway import cli as gateway_cli
+from gateway.cli import commands as gateway_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -14,7 +14,7 @@ import yaml
 from opentelemetry import environment_variables as otel_api_variables
 from opentelemetry.sdk import environment_variables as otel_sdk_variables
 
-from gateway import cli as gateway_cli
+from gateway.cli import commands as gateway_cli
 from gateway.observe.tracing import tracing_from_env
 from gateway.settings import ENV_PREFIX, load_settings
 from tests.deploy.manifests import (
@@ -156,7 +156,7 @@ def test_every_variable_is_read_by_something(name: str) -> None:
     assert set(otel) <= OTEL_VARIABLES, set(otel) - OTEL_VARIABLES
     if otel:
         tracing_from_env(otel)  # raises TelemetryConfigError on a value it cannot honour
-    readers = [ROOT / "deploy/docker/healthcheck.py", ROOT / "gateway/admin_client.py"]
+    readers = [ROOT / "deploy/docker/healthcheck.py", ROOT / "gateway/cli/admin_client.py"]
     if "entrypoint" in service:
         readers.append(host_path(service, service["entrypoint"][-1]))
     is_gateway = service.get("command", [None])[0] == "serve"

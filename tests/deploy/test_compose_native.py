@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.localproc import (
+from gateway.cli.localproc import (
     ProcessGroup,
     free_port,
     free_port_range,

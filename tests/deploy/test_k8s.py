@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gateway import cli as gateway_cli
+from gateway.cli import commands as gateway_cli
 from gateway.settings import ENV_PREFIX, load_settings
 from tests.deploy.manifests import (
     K8S,

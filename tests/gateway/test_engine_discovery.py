@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.cli.localproc import ProcessGroup
 from gateway.engine_discovery import (
     DiscoveryError,
     backend_name,
     check_urls,
     discover_engines,
 )
-from gateway.localproc import ProcessGroup
 from tests.fleet import Engine
 
 

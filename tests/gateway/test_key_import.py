@@ -17,7 +17,7 @@ import openai
 import pytest
 import redis
 
-from gateway.localproc import ProcessGroup
+from gateway.cli.localproc import ProcessGroup
 from tests.fleet import KEY_SECRET, MODEL, Engine, Gateway
 from tests.gateway.test_keys import assert_error, chat, list_models, poll_status, redis_values
 

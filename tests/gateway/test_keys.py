@@ -15,7 +15,7 @@ import openai
 import pytest
 import redis
 
-from gateway.localproc import ProcessGroup
+from gateway.cli.localproc import ProcessGroup
 from tests.fleet import ADMIN_TOKEN, KEY_SECRET, MODEL, Engine, Gateway
 
 KEY_RE = re.compile(r"^sy-([0-9a-f]{16})-([A-Za-z0-9_-]{43})$")

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from backends.registry import Backend, BackendRegistry
-from gateway.localproc import ProcessGroup
+from gateway.cli.localproc import ProcessGroup
 from gateway.router import Router
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex

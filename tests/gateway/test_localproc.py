@@ -11,7 +11,7 @@ from pathlib import Path
 
 PARENT = """
 import sys, time
-from gateway.localproc import ProcessGroup
+from gateway.cli.localproc import ProcessGroup
 group = ProcessGroup()
 child = group.spawn("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"])
 print(child.pid, flush=True)

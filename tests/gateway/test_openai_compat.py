@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.localproc import ProcessGroup, free_port, wait_http
+from gateway.cli.localproc import ProcessGroup, free_port, wait_http
 from tests.fleet import MODEL, Engine, Gateway, process_group
 
 PROMPT = "alpha beta gamma"

@@ -22,7 +22,7 @@ import openai
 import pytest
 import redis
 
-from gateway.localproc import ProcessGroup, free_port, python_module_argv, wait_http
+from gateway.cli.localproc import ProcessGroup, free_port, python_module_argv, wait_http
 from gateway.state import MEMORY_WARNING
 from tests.fleet import Engine
 

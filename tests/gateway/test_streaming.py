@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.localproc import ProcessGroup
+from gateway.cli.localproc import ProcessGroup
 from tests.fleet import MODEL, Engine, Gateway, process_group, wait_until
 
 MESSAGES = [{"role": "user", "content": "one two three"}]

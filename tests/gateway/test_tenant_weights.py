@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.localproc import ProcessGroup
+from gateway.cli.localproc import ProcessGroup
 from tests.fleet import Engine, Gateway, wait_until
 
 NUM_PER_TENANT = 20

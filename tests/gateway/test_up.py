@@ -14,7 +14,7 @@ from pathlib import Path
 
 import openai
 
-from gateway.localproc import free_port
+from gateway.cli.localproc import free_port
 
 
 def _children_of(pid: int) -> set[int]:

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from bench.admission_bench_fleet import scrape
-from gateway.localproc import (
+from gateway.cli.localproc import (
     ProcessGroup,
     free_port_range,
     python_module_argv,

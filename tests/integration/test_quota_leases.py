@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from admission.quota.store import quota_keys
-from gateway.localproc import ProcessGroup, start_redis
+from gateway.cli.localproc import ProcessGroup, start_redis
 from tests.fleet import Engine, Gateway
 
 MODEL = "switchyard-mock"

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.localproc import ProcessGroup, start_redis
+from gateway.cli.localproc import ProcessGroup, start_redis
 from tests.fleet import Engine, Gateway
 
 MODEL = "switchyard-mock"

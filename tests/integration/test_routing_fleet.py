@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.localproc import (
+from gateway.cli.localproc import (
     ProcessGroup,
     free_port_range,
     python_module_argv,

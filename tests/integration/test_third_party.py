@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from gateway.localproc import ProcessGroup, start_redis
+from gateway.cli.localproc import ProcessGroup, start_redis
 from tests.fleet import Engine, Gateway, wait_until
 from tests.integration.test_routing_fleet import MODEL, _start_sim
 

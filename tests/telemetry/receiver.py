@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from gateway.localproc import free_port
+from gateway.cli.localproc import free_port
 
 
 @dataclass(frozen=True, slots=True)

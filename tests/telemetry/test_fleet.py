@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.localproc import (
+from gateway.cli.localproc import (
     ProcessGroup,
     free_port_range,
     python_module_argv,
@@ -160,7 +160,7 @@ def test_saturated_admission_queue_dominates(fleet: Fleet, tmp_path: Path) -> No
                for s in queued) >= 6
 
     # The CLI prints the same report, and saves it as a PNG.
-    from gateway.cli import main
+    from gateway.cli.commands import main
 
     png = tmp_path / "waits.png"
     assert main(["waits", "--url", fleet.gateway.url, "--admin-token", ADMIN_TOKEN,

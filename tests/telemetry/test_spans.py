@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway.app import create_app
-from gateway.localproc import ProcessGroup
+from gateway.cli.localproc import ProcessGroup
 from gateway.observe.otlp import RequestSpans, encode_request_spans, export_request
 from gateway.observe.telemetry import MIN_WAIT_SPAN_S, TELEMETRY, Telemetry
 from gateway.observe.tracing import OtlpHttpExporter, Tracing

@@ -23,7 +23,7 @@ from backends.publisher import (
     unpack_hashes,
     worker_key,
 )
-from gateway.localproc import (
+from gateway.cli.localproc import (
     ProcessGroup,
     free_port_range,
     python_module_argv,

@@ -34,7 +34,7 @@ from backends.worker.engine import LLMEngine
 from backends.worker.host import resource_profile
 from backends.worker.metrics import Histogram
 from backends.worker.server import create_app, start_server
-from gateway.localproc import ProcessGroup, free_port, start_redis
+from gateway.cli.localproc import ProcessGroup, free_port, start_redis
 from routing.prefix import token_block_hashes
 from tests.backends.worker.checkpoints import TINY_CONFIG, tiny_model
 from tests.backends.worker.engine_support import make_engine

@@ -16,7 +16,7 @@ import redis as redis_sync
 
 from backends.publisher import kv_stream_key, unpack_hashes, worker_key
 from backends.tokenizer import load_default_tokenizer
-from gateway.localproc import (
+from gateway.cli.localproc import (
     ProcessGroup,
     free_port,
     python_module_argv,

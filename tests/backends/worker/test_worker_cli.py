@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from backends.worker.cli import build_parser, config_from_args, resolve_model
-from gateway.cli import main as switchyard_main
+from gateway.cli.commands import main as switchyard_main
 
 ROOT = Path(__file__).resolve().parents[3]
 

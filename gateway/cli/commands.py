@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gateway import admin_client, quickstart, up
+from gateway.cli import admin_client, quickstart, up
 from gateway.observe import waits
 from gateway.settings import ConfigError, load_settings
 

@@ -16,7 +16,7 @@ from types import FrameType
 import httpx
 import yaml
 
-from gateway.localproc import (
+from gateway.cli.localproc import (
     ProcessGroup,
     free_port,
     free_port_range,
