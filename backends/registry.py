@@ -120,10 +120,9 @@ class Backend:
         else:
             # Never observed: stale, so routing treats it as unknown, never as idle.
             age_s = inf if self.load_observed_s is None else now_s - self.load_observed_s
-            # Requests it counted waiting that have had a first token since run now; those that
-            # finished since left the running ones (or, past them, the waiting ones).
-            started = min(self.num_started_since_load, self.num_waiting)
-            running, waiting = self.num_running + started, self.num_waiting - started
+            # Those that finished since left the running ones (or, past them, the waiting ones).
+            running = self.num_running_reported
+            waiting = self.num_waiting - (running - self.num_running)
             finished = self.num_finished_since_load
             num_running = max(0, running - finished)
             num_waiting = max(0, waiting - max(0, finished - running))
@@ -144,8 +143,8 @@ class Backend:
     @property
     def num_running_reported(self) -> int:
         """What the engine last said it runs, with the requests it counted waiting that have
-        had a first token since: the figure ends seen after its report are subtracted from
-        (``admission.finishes``)."""
+        had a first token since (they run now, and are waiting no more): the figure ``state``
+        and ``admission.finishes`` subtract the ends seen after its report from."""
         return self.num_running + min(self.num_started_since_load, self.num_waiting)
 
     def mark_success(self) -> None:

@@ -181,9 +181,10 @@ async def _forward(
                                    plan.pending_prefill_tokens, time.perf_counter() - sent_s)
     try:
         if is_sse:
-            return await _relay_stream(request, gw, opened, ticket,
-                                       _ending_at_events(parsed, plan),
-                                       functools.partial(_stream_ending, gw, opened.backend, plan))
+            ending_at = _ending_at_events(parsed, plan)
+            on_ending = (None if ending_at is None
+                         else functools.partial(_stream_ending, gw, opened.backend, plan))
+            return await _relay_stream(request, gw, opened, ticket, ending_at, on_ending)
         return await _relay_body(request, gw, opened, ticket)
     finally:
         if upstream.status == 200:
