@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from backends.registry import Backend, BackendRegistry
+from backends.fleet.registry import Backend, BackendRegistry
 from bench.procstat import busy_cpu_seconds
 from bench.stats import percentile
 from gateway.router import RoutePlan, Router

@@ -22,7 +22,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from backends.registry import Backend
+from backends.fleet.registry import Backend
 from gateway.context import GATEWAY, Gateway
 from gateway.errors import APIError
 from gateway.tenancy import (

@@ -19,12 +19,12 @@ from redis.exceptions import RedisError
 
 from admission.fair_queue import FairQueueConfig
 from admission.quota.types import QuotaStoreLike
-from backends.approx_sync import ApproxIndexSync
-from backends.fleet import FleetSync
-from backends.health import HealthChecker
-from backends.profiles import stated_facts
-from backends.registry import Backend, BackendRegistry
-from backends.upstream import UpstreamClient
+from backends.fleet.approx_sync import ApproxIndexSync
+from backends.fleet.health import HealthChecker
+from backends.fleet.profiles import stated_facts
+from backends.fleet.registry import Backend, BackendRegistry
+from backends.fleet.sync import FleetSync
+from backends.fleet.upstream import UpstreamClient
 from gateway import admin, handlers, proxy
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, from_http_exception

@@ -8,8 +8,8 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from admission.quota.types import QuotaStoreLike
-from backends.registry import BackendRegistry
-from backends.upstream import UpstreamClient
+from backends.fleet.registry import BackendRegistry
+from backends.fleet.upstream import UpstreamClient
 from gateway.auth import Authenticator
 from gateway.observe.metrics import GatewayMetrics
 from gateway.router import Router

@@ -17,9 +17,9 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from backends.http1 import UpstreamBroken
-from backends.registry import Backend
-from backends.upstream import RETRYABLE_STATUSES, Opened, UpstreamFailure
+from backends.fleet.http1 import UpstreamBroken
+from backends.fleet.registry import Backend
+from backends.fleet.upstream import RETRYABLE_STATUSES, Opened, UpstreamFailure
 from gateway.admit import QuotaTicket, admit_quota, finish_quota, output_tokens_from, renew_lease
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, error_body

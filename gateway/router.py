@@ -31,7 +31,7 @@ from math import inf
 from typing import Any
 
 from admission.headroom import backend_free_slots
-from backends.registry import Backend, BackendRegistry
+from backends.fleet.registry import Backend, BackendRegistry
 from backends.tokenizer import Tokenizer
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex

@@ -1,6 +1,6 @@
 """The values routing decisions are made of: a request, a fleet snapshot, a ranked decision.
 
-All frozen: a decision never mutates what it was given. The gateway (``backends/fleet.py``)
+All frozen: a decision never mutates what it was given. The gateway (``backends/fleet/sync.py``)
 builds snapshots from heartbeats, KV events, scraped ``/metrics`` and its own in-flight counts;
 ``bench``'s virtual-time simulator builds them from simulated engines. Same ``schedule()``.
 

@@ -291,7 +291,7 @@ class LLMEngine:
     # -- load, metrics, KV events -------------------------------------------------------
 
     def profile(self) -> dict[str, str | int | float]:
-        """The heartbeat's resource profile (the keys `backends.fleet` reads, as the
+        """The heartbeat's resource profile (the keys `backends.fleet.sync` reads, as the
         simulator's `WorkerProfile.to_json` writes them, plus the KV cache's make-up)."""
         device = self.device
         if device.type == "cuda":

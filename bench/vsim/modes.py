@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from backends.registry import Backend
+from backends.fleet.registry import Backend
 from bench.fleet_modes import Mode
 from bench.routing_live_compare import MAX_TTFT_RATIO, MIN_CACHED_RATIO
 from bench.routing_live_report import fmt, ratio_of, verdict

@@ -45,7 +45,7 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import cast
 
-from backends.registry import Backend, BackendRegistry
+from backends.fleet.registry import Backend, BackendRegistry
 from backends.sim.block_manager import KvEvent
 from bench.vsim.workloads import VRequest
 from gateway.router import RoutePlan, Router, record_claim

@@ -1,5 +1,5 @@
 """A third-party fleet as the gateway sees it: ``/metrics`` scrapes and profile discovery, by
-``backends/fleet.py``'s own ``FleetSync``, in virtual time.
+``backends/fleet/sync.py``'s own ``FleetSync``, in virtual time.
 
 A third-party engine (vLLM, SGLang) tells the gateway nothing; the gateway reads its pages.
 ``EnginePages`` is a ``FleetSync`` whose one I/O seam, the page fetch ``_get``, answers from
@@ -33,8 +33,8 @@ from typing import Any, cast
 
 import aiohttp
 
-from backends.fleet import FleetSync
-from backends.registry import Backend, BackendRegistry
+from backends.fleet.registry import Backend, BackendRegistry
+from backends.fleet.sync import FleetSync
 from backends.sim.core import SimEngineCore
 from backends.sim.server import core_metrics_lines, models_page
 

@@ -17,7 +17,7 @@ Events, in time order (ties in the order they were scheduled):
   are published; their age is what ``schedule()``'s fresh filter judges. The first
   ``num_silent_workers`` send the one at time 0 and then fall silent (lost heartbeats);
 - **poll**, every ``poll_interval_s``: the gateway reads the latest heartbeats into its
-  ``Backend`` records, as ``backends/fleet.py`` ``FleetSync.poll_members`` does, which also
+  ``Backend`` records, as ``backends/fleet/sync.py`` ``FleetSync.poll_members`` does, which also
   resets every backend's ``num_finished_since_load`` (0 turns polling off: a heartbeat
   reaches the ``Backend`` at once and resets it);
 - **stale**: the moment a worker's figures exceed ``max_age_s`` with no newer heartbeat due
@@ -36,7 +36,7 @@ the admission that produced its first token, what the live worker reports in ``u
 approximate index's claim drops that backend's claims as old as the missed one.
 
 Nothing is forked: the engine is ``backends.sim.core``, the decision ``routing.schedule``, the
-gateway's per-backend record ``backends.registry.Backend``.
+gateway's per-backend record ``backends.fleet.registry.Backend``.
 
 **The live path's fixed latency.** Live, a request reaches the engine a few milliseconds
 after the gateway decided (the gateway's work, the loopback hop, the worker parsing and
@@ -62,8 +62,8 @@ from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
-from backends.profiles import heartbeat_facts
-from backends.registry import Backend
+from backends.fleet.profiles import heartbeat_facts
+from backends.fleet.registry import Backend
 from backends.sim.block_manager import KvEvent
 from backends.sim.core import SimEngineCore
 from backends.sim.profile import WorkerProfile
@@ -93,7 +93,7 @@ class SimConfig:
     seed: int = 1
     worker: WorkerProfile = field(default_factory=lambda: WorkerProfile(model=MODEL))
     heartbeat_s: float = 1.0
-    # backends/fleet.py FleetSync's membership poll (reads the heartbeats); 0: no polling
+    # backends/fleet/sync.py FleetSync's membership poll (reads the heartbeats); 0: no polling
     poll_interval_s: float = 0.25
     kv_flush_s: float = 0.05  # backends/publisher.py KvPublisher's flush interval
     kv_event_delay_s: float = 0.001  # after the flush: Redis and the gateway's XREAD
@@ -104,7 +104,7 @@ class SimConfig:
     num_warmup: int | None = None  # the first requests left out; overrides warmup_fraction
     dispatch_s: float = 0.0  # the live path's fixed latency per request (module docstring)
     mode: Mode = "own"  # how the gateway knows the engines (module docstring)
-    scrape_interval_s: float = 1.0  # backends/fleet.py FleetSync's /metrics scrape, third-party
+    scrape_interval_s: float = 1.0  # FleetSync's /metrics scrape, third-party
     cache_feedback: bool = True  # reported cached tokens go to Router.learn, as live
 
 

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from admission.tiers import DEFAULT_TIERS
-from backends.registry import Backend, BackendRegistry
+from backends.fleet.registry import Backend, BackendRegistry
 from gateway.auth import Principal
 from gateway.keystore import ApiKey, Limits, Tenant
 from gateway.router import Router

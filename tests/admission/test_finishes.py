@@ -10,7 +10,7 @@ import pytest
 
 from admission.finishes import RecentFinishes
 from admission.tiers import DEFAULT_TIERS, tier_table
-from backends.registry import Backend
+from backends.fleet.registry import Backend
 from gateway.slo import SloAdmission
 from routing.types import BackendProfile, BackendState, FleetSnapshot, PrefixMatch
 from tests.admission.one_worker import one_worker_slo, principal

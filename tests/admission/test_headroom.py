@@ -15,7 +15,7 @@ from admission.headroom import ArrivalRates, backend_free_slots, free_slots, res
 from admission.policy import AdmissionRequest, decide, fleet_free_slots
 from admission.predictor import TtftPredictor
 from admission.tiers import DEFAULT_TIERS, tier_table
-from backends.registry import Backend, BackendRegistry
+from backends.fleet.registry import Backend, BackendRegistry
 from gateway.router import Router
 from gateway.slo import SloAdmission
 from routing.index_approx import ApproxPrefixIndex

@@ -10,7 +10,7 @@ import pytest
 
 from admission.fair_queue import FairQueue, QueueEntry
 from admission.tiers import DEFAULT_TIERS, tier_table
-from backends.registry import Backend
+from backends.fleet.registry import Backend
 from gateway.slo import SloAdmission
 from tests.admission.one_worker import cancel_waiting, one_worker_slo, principal
 

@@ -9,7 +9,7 @@ import pytest
 
 from admission.retry_book import RetryBook, retry_key
 from admission.tiers import Tier, tier_table
-from backends.registry import Backend, BackendRegistry
+from backends.fleet.registry import Backend, BackendRegistry
 from gateway.errors import APIError
 from gateway.router import Router
 from gateway.slo import SloAdmission

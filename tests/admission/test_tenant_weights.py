@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from admission.tiers import DEFAULT_TIERS, tier_table
-from backends.registry import Backend
+from backends.fleet.registry import Backend
 from gateway.auth import Principal
 from gateway.slo import SloAdmission
 from tests.admission.one_worker import one_worker_slo, principal

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.registry import Backend
+from backends.fleet.registry import Backend
 from backends.sim.core import SimEngineCore
 from backends.sim.profile import WorkerProfile
 from bench.run.workloads.base import TokenRange, WorkloadOptions

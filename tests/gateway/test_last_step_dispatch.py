@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.registry import Backend, BackendRegistry
+from backends.fleet.registry import Backend, BackendRegistry
 from gateway.cli.localproc import ProcessGroup
 from gateway.router import Router
 from routing.index_approx import ApproxPrefixIndex

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from backends.registry import Backend, BackendRegistry
+from backends.fleet.registry import Backend, BackendRegistry
 from gateway.router import SNAPSHOT_REUSE_S, RoutePlan, Router
 from routing import ApproxPrefixIndex, ExactPrefixIndex, profile_by_name, schedule
 from routing.plugin import Cycle

@@ -1,4 +1,4 @@
-"""The hot-path HTTP/1.1 client (``backends.http1``) against real servers on loopback.
+"""The hot-path HTTP/1.1 client (``backends.fleet.http1``) against real servers on loopback.
 
 Each test runs a small asyncio server that answers as the test scripts it (keep-alive, chunks,
 a close before the answer, garbage), so what the client does on the wire is observed from the
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from backends import http1
-from backends.http1 import Pool, UpstreamBroken
-from backends.registry import Backend
-from backends.upstream import UpstreamClient, UpstreamFailure
+from backends.fleet import http1
+from backends.fleet.http1 import Pool, UpstreamBroken
+from backends.fleet.registry import Backend
+from backends.fleet.upstream import UpstreamClient, UpstreamFailure
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Server"], Awaitable[None]]
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from math import inf
 from typing import Any
 
-from backends.cache_feedback import CacheFeedback
-from backends.profiles import ProfileFacts, merge
+from backends.fleet.cache_feedback import CacheFeedback
+from backends.fleet.profiles import ProfileFacts, merge
 from routing.types import BackendProfile, BackendState
 
 # Where a backend's load figures come from: its heartbeat, its scraped /metrics, or (an engine

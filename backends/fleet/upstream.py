@@ -26,8 +26,8 @@ from typing import Protocol
 
 import aiohttp
 
-from backends.http1 import Pool, Response, UpstreamBroken
-from backends.registry import Backend
+from backends.fleet.http1 import Pool, Response, UpstreamBroken
+from backends.fleet.registry import Backend
 
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from backends.approx_sync import APPROX_STREAM, ApproxIndexSync
+from backends.fleet.approx_sync import APPROX_STREAM, ApproxIndexSync
 from routing.index_approx import ApproxPrefixIndex
 from routing.prefix import char_block_hashes
 

@@ -32,7 +32,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from backends.profiles import (
+from backends.fleet.profiles import (
     INFERRED_SOURCE,
     ProfileFacts,
     SaturationWatch,
@@ -44,6 +44,7 @@ from backends.profiles import (
     parse_sglang_server_info,
     parse_vllm_cache_config,
 )
+from backends.fleet.registry import Backend, BackendRegistry
 from backends.publisher import (
     WORKERS_ZSET,
     kv_snapshot_key,
@@ -51,7 +52,6 @@ from backends.publisher import (
     unpack_hashes,
     worker_key,
 )
-from backends.registry import Backend, BackendRegistry
 from routing.index_exact import ExactPrefixIndex
 from routing.types import BackendProfile
 
@@ -66,7 +66,7 @@ _WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requ
             "tgi_queue_size")
 _KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
              "llamacpp:kv_cache_usage_ratio")
-# Pages that state an engine's profile, each with its parser (backends.profiles).
+# Pages that state an engine's profile, each with its parser (backends.fleet.profiles).
 _PROFILE_PAGES: tuple[tuple[str, Callable[[Any], ProfileFacts]], ...] = (
     ("/v1/models", parse_openai_models),
     ("/get_server_info", parse_sglang_server_info),

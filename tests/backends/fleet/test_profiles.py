@@ -9,8 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from backends.fleet import parse_engine_metrics
-from backends.profiles import (
+from backends.fleet.profiles import (
     ProfileFacts,
     SaturationWatch,
     facts,
@@ -22,10 +21,11 @@ from backends.profiles import (
     parse_vllm_cache_config,
     stated_facts,
 )
-from backends.registry import Backend
+from backends.fleet.registry import Backend
+from backends.fleet.sync import parse_engine_metrics
 from gateway.router import reported_cache_usage
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 
 def fixture(name: str) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.cache_feedback import WINDOW, CacheFeedback
+from backends.fleet.cache_feedback import WINDOW, CacheFeedback
 from gateway.router import reported_cache_usage
 
 

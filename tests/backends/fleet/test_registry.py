@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.registry import Backend, BackendRegistry
+from backends.fleet.registry import Backend, BackendRegistry
 from routing.types import BackendProfile
 
 

@@ -1,4 +1,4 @@
-"""The gateway's view of heartbeating workers (``backends.fleet.FleetSync``), on a real Redis."""
+"""The gateway's view of heartbeating workers (``FleetSync``), on a real Redis."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from backends.fleet import FleetSync
+from backends.fleet.registry import BackendRegistry
+from backends.fleet.sync import FleetSync
 from backends.publisher import KvPublisher, WorkerIdentity
-from backends.registry import BackendRegistry
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import logging
 
 import aiohttp
 
-from backends.registry import Backend, BackendRegistry
+from backends.fleet.registry import Backend, BackendRegistry
 
 log = logging.getLogger(__name__)
 
