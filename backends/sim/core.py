@@ -29,29 +29,13 @@ batch; it takes 0.0 s and the next step admits again, so the loop never spins.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from backends.sim.block_manager import BlockManager, KvEvent
+from backends.engine_core.block_manager import BlockManager, KvEvent
+from backends.engine_core.scheduler import Scheduler, StepOutcome, StepPlan
+from backends.engine_core.sequence import Sequence
+from backends.engine_core.types import EngineLoad
 from backends.sim.latency import step_time_s
 from backends.sim.profile import WorkerProfile
-from backends.sim.scheduler import Scheduler, StepOutcome, StepPlan
-from backends.sim.sequence import Sequence
-
-
-@dataclass(frozen=True, slots=True)
-class EngineLoad:
-    """A worker's load, for heartbeats and ``/metrics`` (vLLM names in the comments)."""
-
-    num_running: int  # vllm:num_requests_running
-    num_waiting: int  # vllm:num_requests_waiting
-    kv_usage: float  # vllm:kv_cache_usage_perc, a fraction in [0, 1]
-    num_free_kv_blocks: int
-    num_cached_kv_blocks: int
-    num_prefix_kv_blocks: int  # cached blocks a later request hit (BlockManager.num_prefix_blocks)
-    num_queued_prefill_tokens: int
-    prefix_cache_queries_tokens: int  # vllm:prefix_cache_queries_total
-    prefix_cache_hits_tokens: int  # vllm:prefix_cache_hits_total
-    num_preemptions: int  # vllm:num_preemptions_total
 
 
 class SimEngineCore:

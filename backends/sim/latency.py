@@ -8,8 +8,8 @@ Example::
 
 from __future__ import annotations
 
+from backends.engine_core.scheduler import StepPlan
 from backends.sim.profile import WorkerProfile
-from backends.sim.scheduler import StepPlan
 
 
 def step_time_s(plan: StepPlan, profile: WorkerProfile) -> float:

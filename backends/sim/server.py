@@ -31,14 +31,12 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import SpanKind, Tracer, set_span_in_context
 
-from backends.sim.core import SimEngineCore
-from backends.sim.request import (
-    OUTPUT_WORDS,
-    SimRequest,
-    SimRequestError,
-    output_text,
-    parse_sim_request,
+from backends.engine_core.request import (
+    EngineRequest,
+    EngineRequestError,
+    parse_engine_request,
 )
+from backends.sim.core import SimEngineCore
 from backends.sim.worker import RequestHandle, SimWorker
 from backends.tokenizer import Tokenizer
 
@@ -47,6 +45,15 @@ TOKENIZER = web.AppKey("sim_tokenizer", Tokenizer)
 DONE_EVENT = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 DEFAULT_MAX_TOKENS = 256
+# Output "tokens" of the simulator: one word each, cycled. Only their count matters.
+OUTPUT_WORDS = (" the", " of", " and", " to", " in", " is", " that", " it", " for", " as",
+                " with", " was", " on", " be", " by", " this", " are", " from", " at", " or")
+
+
+def output_text(index: int) -> str:
+    return OUTPUT_WORDS[index % len(OUTPUT_WORDS)]
+
+
 # Output words as they appear in a completion's "text" and a chat chunk's "delta".
 _TEXT_WORDS_JSON = tuple(orjson.dumps(output_text(i)) for i in range(len(OUTPUT_WORDS)))
 _CHAT_WORDS_JSON = tuple(orjson.dumps({"content": output_text(i)})
@@ -93,13 +100,13 @@ async def _serve(request: web.Request, *, is_chat: bool) -> web.StreamResponse:
     except orjson.JSONDecodeError as exc:
         return _error(400, f"The request body is not valid JSON: {exc}")
     try:
-        parsed = parse_sim_request(
+        parsed = parse_engine_request(
             body, is_chat=is_chat, models=(worker.profile.model,),
             tokenizer=request.app[TOKENIZER],
             max_context_tokens=worker.profile.max_context_tokens,
             default_max_tokens=DEFAULT_MAX_TOKENS,
         )
-    except SimRequestError as exc:
+    except EngineRequestError as exc:
         return _error(exc.status, exc.message, exc.param, exc.code)
     request_id = request.headers.get("x-request-id") or os.urandom(8).hex()
     seq_id = f"{request_id}-{os.urandom(4).hex()}"
@@ -120,7 +127,7 @@ async def _serve(request: web.Request, *, is_chat: bool) -> web.StreamResponse:
             _trace(spans, request, parsed, handle, worker.worker_id, started_ns)
 
 
-def _usage(parsed: SimRequest, handle: RequestHandle) -> dict[str, Any]:
+def _usage(parsed: EngineRequest, handle: RequestHandle) -> dict[str, Any]:
     return {
         "prompt_tokens": handle.num_prompt_tokens,
         "completion_tokens": handle.num_output_tokens,
@@ -129,13 +136,13 @@ def _usage(parsed: SimRequest, handle: RequestHandle) -> dict[str, Any]:
     }
 
 
-def _full_body(parsed: SimRequest, handle: RequestHandle, completion_id: str) -> bytes:
+def _full_body(parsed: EngineRequest, handle: RequestHandle, completion_id: str) -> bytes:
     text = "".join(output_text(i) for i in range(handle.num_output_tokens))
     return completion_body(parsed, completion_id, text, _usage(parsed, handle),
                            finish_reason=handle.finish_reason)
 
 
-def completion_body(parsed: SimRequest, completion_id: str, text: str, usage: dict[str, Any],
+def completion_body(parsed: EngineRequest, completion_id: str, text: str, usage: dict[str, Any],
                     **choice_fields: Any) -> bytes:
     """A whole (non-streamed) completion in OpenAI's shape; ``choice_fields`` (finish_reason,
     ...) follow ``logprobs`` in its choice. Shared with the PyTorch worker's server."""
@@ -154,7 +161,7 @@ def completion_body(parsed: SimRequest, completion_id: str, text: str, usage: di
     })
 
 
-def stream_head(parsed: SimRequest, completion_id: str) -> dict[str, Any]:
+def stream_head(parsed: EngineRequest, completion_id: str) -> dict[str, Any]:
     """The fields every chunk of a stream starts with. Shared with the PyTorch worker."""
     return {
         "id": completion_id,
@@ -164,7 +171,7 @@ def stream_head(parsed: SimRequest, completion_id: str) -> dict[str, Any]:
     }
 
 
-async def _stream(request: web.Request, parsed: SimRequest, handle: RequestHandle,
+async def _stream(request: web.Request, parsed: EngineRequest, handle: RequestHandle,
                   completion_id: str) -> web.StreamResponse:
     out = web.StreamResponse(headers=SSE_HEADERS)
     await out.prepare(request)
@@ -305,7 +312,7 @@ def tracer() -> Tracer | None:
     return provider.get_tracer("switchyard.sim")
 
 
-def _trace(spans: Tracer, request: web.Request, parsed: SimRequest, handle: RequestHandle,
+def _trace(spans: Tracer, request: web.Request, parsed: EngineRequest, handle: RequestHandle,
            worker_id: str, started_ns: int) -> None:
     """The request's SERVER span and its engine_queue, prefill and decode children."""
     phases = handle.phases()

@@ -20,10 +20,11 @@ import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from backends.engine_core.sequence import Sequence
+from backends.engine_core.types import EnginePhases
 from backends.publisher import KvPublisher
 from backends.sim.core import SimEngineCore
 from backends.sim.profile import WorkerProfile
-from backends.sim.sequence import Sequence
 
 # Behind its deadlines, a worker runs up to this many steps before it yields the loop.
 MAX_OVERDUE_STEPS_PER_YIELD = 8
@@ -33,26 +34,6 @@ MAX_OVERDUE_STEPS_PER_YIELD = 8
 class TokenEvent:
     num_output_tokens: int
     finish_reason: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class EnginePhases:
-    """Where a request spent its time in the engine, in the worker loop's clock (seconds):
-    queued from ``arrival_s`` to ``scheduled_s``, prefilling until ``first_token_s``, decoding
-    until ``finish_s``. A phase that never began (the client left) is None."""
-
-    arrival_s: float
-    scheduled_s: float | None
-    first_token_s: float | None
-    finish_s: float | None
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    num_output_tokens: int
-    num_preemptions: int
-
-    @property
-    def num_decode_steps(self) -> int:
-        return max(0, self.num_output_tokens - 1)  # the first token comes from prefill
 
 
 class RequestHandle:

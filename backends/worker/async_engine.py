@@ -26,11 +26,10 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from backends.engine_core.block_manager import KvEvent
+from backends.engine_core.sequence import Sequence
+from backends.engine_core.types import EngineLoad, EnginePhases
 from backends.publisher import KvPublisher
-from backends.sim.block_manager import KvEvent
-from backends.sim.core import EngineLoad
-from backends.sim.sequence import Sequence
-from backends.sim.worker import EnginePhases
 from backends.worker.engine import LLMEngine, RequestOutput
 from backends.worker.sampling import SamplingParams
 

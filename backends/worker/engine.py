@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
-from backends.sim.block_manager import BlockManager, KvEvent
-from backends.sim.core import EngineLoad
-from backends.sim.scheduler import Scheduler
-from backends.sim.sequence import Sequence
+from backends.engine_core.block_manager import BlockManager, KvEvent
+from backends.engine_core.scheduler import Scheduler
+from backends.engine_core.sequence import Sequence
+from backends.engine_core.types import EngineLoad
 from backends.tokenizer import Tokenizer
 from backends.worker.detokenizer import IncrementalDetokenizer
 from backends.worker.kv_cache import KVCacheSpec, PagedKVCache, kv_dtype_name, plan_num_blocks

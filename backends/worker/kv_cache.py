@@ -3,8 +3,8 @@
 Layout: one keys and one values tensor ``[num_layers, num_blocks, block_size, num_kv_heads,
 head_dim]``; slot ``s`` is token ``s % block_size`` of block ``s // block_size``. Only the KV
 heads are stored, so grouped-query attention divides the cache by ``num_heads / num_kv_heads``.
-The block manager (``backends.sim.block_manager``) decides which blocks a sequence owns; this
-module only stores and reads them.
+The block manager (``backends.engine_core.block_manager``) decides which blocks a sequence
+owns; this module only stores and reads them.
 
 Storage dtypes: ``float32``, ``float16``, ``bfloat16``, or ``int8``. int8 is symmetric and
 quantized per token and per KV head: each stored (token, head) vector of K and of V has its own

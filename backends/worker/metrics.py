@@ -19,7 +19,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from backends.sim.worker import EnginePhases
+from backends.engine_core.types import EnginePhases
 
 if TYPE_CHECKING:
     from backends.worker.async_engine import AsyncEngine

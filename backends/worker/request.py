@@ -1,6 +1,6 @@
 """Parse and validate an OpenAI completion request for the PyTorch worker.
 
-A `WorkerRequest` is the simulated engine's `SimRequest` (model, prompt ids, max_tokens, stream
+A `WorkerRequest` is the engines' common `EngineRequest` (model, prompt ids, max_tokens, stream
 flags, cache salt) plus the `SamplingParams` a real model needs. Every problem raises a
 `RequestError` carrying what the client sees: an HTTP status, a message that says what to
 change, the offending ``param`` and, where OpenAI has one, a ``code``. Parameters this engine
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from backends.sim.request import SimRequest, SimRequestError
+from backends.engine_core.request import EngineRequest, EngineRequestError
 from backends.tokenizer import ChatTemplateError, Tokenizer
 from backends.worker.sampling import MAX_STOP_STRINGS, SamplingParams
 
@@ -28,12 +28,12 @@ DEFAULT_MAX_TOKENS = 256  # when the request sets none (capped by the room left 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts
 
 
-class RequestError(SimRequestError):
+class RequestError(EngineRequestError):
     """A request the worker refuses: ``status``, ``message``, ``param``, ``code``."""
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerRequest(SimRequest):
+class WorkerRequest(EngineRequest):
     """A validated request: the simulator's fields plus how to sample."""
 
     sampling: SamplingParams

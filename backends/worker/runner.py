@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from backends.sim.scheduler import Scheduler, StepPlan
-from backends.sim.sequence import Sequence
+from backends.engine_core.scheduler import Scheduler, StepPlan
+from backends.engine_core.sequence import Sequence
 from backends.worker.kv_cache import PagedKVCache
 from backends.worker.model import LlamaModel
 from backends.worker.paged_attention import PagedKVView, StepBatch, StepRow

@@ -45,8 +45,8 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import cast
 
+from backends.engine_core.block_manager import KvEvent
 from backends.fleet.registry import Backend, BackendRegistry
-from backends.sim.block_manager import KvEvent
 from bench.vsim.workloads import VRequest
 from gateway.router import RoutePlan, Router, record_claim
 from routing.index_approx import ApproxPrefixIndex

@@ -62,12 +62,12 @@ from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
+from backends.engine_core.block_manager import KvEvent
+from backends.engine_core.sequence import Sequence
 from backends.fleet.profiles import heartbeat_facts
 from backends.fleet.registry import Backend
-from backends.sim.block_manager import KvEvent
 from backends.sim.core import SimEngineCore
 from backends.sim.profile import WorkerProfile
-from backends.sim.sequence import Sequence
 from bench.fleet_modes import MODES, Mode
 from bench.run.arrivals import gap_s
 from bench.vsim.metrics import Recorder, RunResult, summarize

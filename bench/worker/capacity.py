@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from backends.sim.block_manager import BlockManager
-from backends.sim.sequence import Sequence
+from backends.engine_core.block_manager import BlockManager
+from backends.engine_core.sequence import Sequence
 from backends.worker.config import ModelConfig
 from backends.worker.kv_cache import KVCacheSpec, PagedKVCache, plan_num_blocks
 

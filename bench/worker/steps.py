@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from backends.sim.scheduler import Scheduler, StepPlan
+from backends.engine_core.scheduler import Scheduler, StepPlan
 from backends.worker.engine import LLMEngine, RequestOutput
 from backends.worker.runner import ModelRunner, StepLogits
 

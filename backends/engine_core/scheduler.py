@@ -26,8 +26,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from backends.sim.block_manager import BlockManager
-from backends.sim.sequence import Sequence, SequenceStatus
+from backends.engine_core.block_manager import BlockManager
+from backends.engine_core.sequence import Sequence, SequenceStatus
 
 
 @dataclass(frozen=True, slots=True)

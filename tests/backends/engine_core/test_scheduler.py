@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from backends.sim.block_manager import BlockManager
-from backends.sim.scheduler import EmittedToken, Scheduler, StepPlan
-from backends.sim.sequence import Sequence, SequenceStatus
+from backends.engine_core.block_manager import BlockManager
+from backends.engine_core.scheduler import EmittedToken, Scheduler, StepPlan
+from backends.engine_core.sequence import Sequence, SequenceStatus
 
 BLOCK = 4
 

@@ -1,4 +1,4 @@
-"""Parse an OpenAI completion request for the simulated engine, as a real engine would.
+"""Parse an OpenAI completion request for an engine (the simulated one and the PyTorch worker).
 
 The prompt is tokenized with the model's tokenizer (chat messages rendered with its chat
 template first), so token counts, context limits and prefix-cache hits behave like a real
@@ -12,12 +12,8 @@ from typing import Any
 
 from backends.tokenizer import Tokenizer
 
-# Output "tokens" of the simulator: one word each, cycled. Only their count matters.
-OUTPUT_WORDS = (" the", " of", " and", " to", " in", " is", " that", " it", " for", " as",
-                " with", " was", " on", " be", " by", " this", " are", " from", " at", " or")
 
-
-class SimRequestError(Exception):
+class EngineRequestError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None,
                  code: str | None = None) -> None:
         super().__init__(message)
@@ -28,7 +24,7 @@ class SimRequestError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class SimRequest:
+class EngineRequest:
     is_chat: bool
     model: str
     prompt_ids: list[int]
@@ -45,37 +41,37 @@ _RANGES: dict[str, tuple[float, float]] = {
 }
 
 
-def parse_sim_request(
+def parse_engine_request(
     body: Any, *, is_chat: bool, models: tuple[str, ...], tokenizer: Tokenizer,
     max_context_tokens: int, default_max_tokens: int,
-) -> SimRequest:
+) -> EngineRequest:
     if not isinstance(body, dict):
-        raise SimRequestError(400, "The request body must be a JSON object.")
+        raise EngineRequestError(400, "The request body must be a JSON object.")
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise SimRequestError(400, "You must provide a 'model' (a non-empty string).", "model")
+        raise EngineRequestError(400, "You must provide a 'model' (a non-empty string).", "model")
     if model not in models:
-        raise SimRequestError(404, f"The model `{model}` does not exist.", "model",
+        raise EngineRequestError(404, f"The model `{model}` does not exist.", "model",
                               "model_not_found")
     for name, (low, high) in _RANGES.items():
         value = body.get(name)
         if value is not None and (type(value) not in (int, float) or not low <= value <= high):
-            raise SimRequestError(400, f"{name} must be a number in [{low}, {high}], got "
+            raise EngineRequestError(400, f"{name} must be a number in [{low}, {high}], got "
                                   f"{value!r}.", name)
     n = body.get("n", 1)
     if n not in (None, 1):
-        raise SimRequestError(400, "The simulated engine supports only n=1.", "n")
+        raise EngineRequestError(400, "The simulated engine supports only n=1.", "n")
     prompt_ids = _chat_ids(body, tokenizer) if is_chat else _prompt_ids(body, tokenizer)
     limit_name = "max_completion_tokens" if is_chat and "max_completion_tokens" in body \
         else "max_tokens"
     limit = body.get(limit_name)
     if limit is not None and (type(limit) is not int or limit < 1):
-        raise SimRequestError(400, f"{limit_name} must be an integer >= 1, got {limit!r}.",
+        raise EngineRequestError(400, f"{limit_name} must be an integer >= 1, got {limit!r}.",
                               limit_name)
     room = max_context_tokens - len(prompt_ids)
     max_tokens = limit if limit is not None else max(1, min(default_max_tokens, room))
     if len(prompt_ids) + max_tokens > max_context_tokens:
-        raise SimRequestError(
+        raise EngineRequestError(
             400,
             f"This model's maximum context length is {max_context_tokens} tokens. However, you "
             f"requested {len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the "
@@ -86,12 +82,12 @@ def parse_sim_request(
         )
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
-        raise SimRequestError(400, "'stream' must be a boolean.", "stream")
+        raise EngineRequestError(400, "'stream' must be a boolean.", "stream")
     options = body.get("stream_options")
     salt = body.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
-        raise SimRequestError(400, "'cache_salt' must be a string.", "cache_salt")
-    return SimRequest(
+        raise EngineRequestError(400, "'cache_salt' must be a string.", "cache_salt")
+    return EngineRequest(
         is_chat=is_chat, model=model, prompt_ids=prompt_ids, max_tokens=max_tokens,
         is_max_tokens_set=limit is not None, is_stream=bool(stream),
         is_usage_streamed=isinstance(options, dict) and options.get("include_usage") is True,
@@ -102,15 +98,15 @@ def parse_sim_request(
 def _chat_ids(body: dict[str, Any], tokenizer: Tokenizer) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise SimRequestError(400, "'messages' must be a non-empty array.", "messages")
+        raise EngineRequestError(400, "'messages' must be a non-empty array.", "messages")
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise SimRequestError(400, f"messages[{index}] must be an object with a string "
+            raise EngineRequestError(400, f"messages[{index}] must be an object with a string "
                                   "'role'.", "messages")
     try:
         return tokenizer.encode_chat(messages)
     except ValueError as exc:
-        raise SimRequestError(400, f"Cannot render the messages: {exc}", "messages") from None
+        raise EngineRequestError(400, f"Cannot render the messages: {exc}", "messages") from None
 
 
 def _prompt_ids(body: dict[str, Any], tokenizer: Tokenizer) -> list[int]:
@@ -121,11 +117,7 @@ def _prompt_ids(body: dict[str, Any], tokenizer: Tokenizer) -> list[int]:
         return tokenizer.encode(prompt)
     if isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
         return list(prompt)
-    raise SimRequestError(
+    raise EngineRequestError(
         400, "'prompt' must be a string or an array of token ids (batches of prompts are not "
         "supported by the simulated engine).", "prompt",
     )
-
-
-def output_text(index: int) -> str:
-    return OUTPUT_WORDS[index % len(OUTPUT_WORDS)]

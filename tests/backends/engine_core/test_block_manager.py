@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from backends.sim.block_manager import BlockManager, KvEvent
-from backends.sim.sequence import Sequence
+from backends.engine_core.block_manager import BlockManager, KvEvent
+from backends.engine_core.sequence import Sequence
 
 BLOCK = 4
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.sim.sequence import Sequence
+from backends.engine_core.sequence import Sequence
 from routing.prefix import token_block_hashes
 
 

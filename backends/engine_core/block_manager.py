@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import NamedTuple
 
-from backends.sim.sequence import Sequence
+from backends.engine_core.sequence import Sequence
 
 
 class KvEvent(NamedTuple):
