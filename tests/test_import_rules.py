@@ -37,6 +37,7 @@ FORBIDDEN = [
                                 "torch", "asyncio"), id="routing-is-pure"),
     pytest.param(("admission",), ("gateway", "aiohttp", "httpx", "torch"),
                  id="admission-no-gateway-no-http"),
+    pytest.param(("gateway",), ("bench",), id="gateway-never-imports-bench"),
     pytest.param(("backends",), ("gateway", "admission", "bench"),
                  id="backends-never-import-gateway"),
     pytest.param(("backends/fleet",), (*ENGINES, "backends.engine_core", "torch"),

@@ -1,4 +1,4 @@
-"""Check the model on an accelerator against float32 on CPU; ``bench/gpu_check.sh`` runs it.
+"""Check the model on an accelerator against float32 on CPU; ``bench/worker/gpu_check.sh`` runs it.
 
 On each prompt it compares, with the CPU float32 model as truth (the tests check that one
 against the plain reference): greedy tokens, and the logits at every position of the prompt

@@ -16,7 +16,7 @@ how a block filled (prefill chunk or decode steps) or on who owned the block bef
 Why per token, not per block: the earlier scheme kept one float32 scale per (block, head),
 re-rounded a block's earlier tokens whenever a new token raised its absmax, and let one
 outlier token coarsen the step of the whole block. Measured on SmolLM2-135M (CPU, float32
-compute; the fixed text and 20 prompts x 64 tokens of ``bench.worker_bench``, docs/benchmarks.md),
+compute; the fixed text and 20 prompts x 64 tokens of ``bench.worker.bench``, docs/benchmarks.md),
 per block -> per token:
 
 - mean |logit - float32-KV logit| on the text 0.145 -> 0.088 (bfloat16 KV: 0.017), top-1

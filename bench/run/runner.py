@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import uvloop
 
-from bench.procstat import busy_cpu_seconds
+from bench.common.procstat import busy_cpu_seconds
 from bench.run import arrivals
 from bench.run.client import Client, open_session
 from bench.run.driver import DriveLimits, Driver, Scheduled

@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bench.common.stats import percentile
 from bench.run.options import Slo
 from bench.run.spec import Record
-from bench.stats import percentile
 
 QUANTILES = {"p50": 0.50, "p90": 0.90, "p99": 0.99}
 

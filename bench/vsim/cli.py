@@ -1,10 +1,10 @@
 """``python -m bench.vsim``: one workload, several routing profiles, one markdown table.
 
-``--mode`` says how the gateway knows the engines (``bench/fleet_modes.py``; ``SimConfig.mode``):
-``own`` (the default: heartbeats, KV events), ``third-party`` (listed engines, scraped
-``/metrics``, approximate index only) or ``both``: each profile in both modes on the same
-workload and seed, a table per mode and one side by side with the ratios third-party / own
-(``bench/vsim/modes.py``). Third-party mode runs ``--third-party-profiles``, by default
+``--mode`` says how the gateway knows the engines (``bench/common/fleet_modes.py``;
+``SimConfig.mode``): ``own`` (the default: heartbeats, KV events), ``third-party`` (listed
+engines, scraped ``/metrics``, approximate index only) or ``both``: each profile in both modes
+on the same workload and seed, a table per mode and one side by side with the ratios third-party
+/ own (``bench/vsim/modes.py``). Third-party mode runs ``--third-party-profiles``, by default
 ``--profiles`` without the exact-index ones (each left out with a note).
 
 Example::
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.sim.profile import WorkerProfile
-from bench.fleet_modes import MODE_CHOICES, Mode, key_of, parse_modes
+from bench.common.fleet_modes import MODE_CHOICES, Mode, key_of, parse_modes
 from bench.run.workloads.base import TokenRange, WorkloadOptions
 from bench.vsim.metrics import RunResult
 from bench.vsim.modes import (

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bench.stats import percentile
+from bench.common.stats import percentile
 
 
 class Recorder:
@@ -74,7 +74,7 @@ class RunResult:
     """The summary of one run; ``to_dict`` for JSON. Times in seconds."""
 
     profile: str
-    mode: str  # own or third-party (bench/fleet_modes.py)
+    mode: str  # own or third-party (bench/common/fleet_modes.py)
     workload: str
     num_workers: int
     num_requests: int

@@ -1,10 +1,10 @@
 """Own fleet against third-party fleet in virtual time: the same profiles, workload and seed in
-both modes (``SimConfig.mode``), side by side, as ``bench/routing_live_compare.py`` sets the
+both modes (``SimConfig.mode``), side by side, as ``bench/routing/compare.py`` sets the
 live benchmark's modes side by side.
 
 Pairs compared: each third-party profile against the same profile on the own fleet, and a
 third-party ``*_approx`` profile also against its exact-index variant on the own fleet (what
-an own fleet gets at best). **Targets** (``bench/routing_live_compare.py``'s): third-party
+an own fleet gets at best). **Targets** (``bench/routing/compare.py``'s): third-party
 within 10 % of own-fleet, TTFT p90 and p99 third-party / own <= 1.10 and cached share
 third-party / own >= 0.90, judged for each third-party ``*_approx`` profile against its exact
 variant (against the same approx profile where the exact one did not run).
@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from backends.fleet.registry import Backend
-from bench.fleet_modes import Mode
-from bench.routing_live_compare import MAX_TTFT_RATIO, MIN_CACHED_RATIO
-from bench.routing_live_report import fmt, ratio_of, verdict
+from bench.common.fleet_modes import Mode
+from bench.routing.compare import MAX_TTFT_RATIO, MIN_CACHED_RATIO
+from bench.routing.report import fmt, ratio_of, verdict
 from bench.vsim.metrics import RunResult
 from bench.vsim.profiles import PROFILES, exact_variant
 
@@ -51,7 +51,7 @@ def third_party_profiles(profiles: Iterable[str]) -> tuple[list[str], list[str]]
 
 
 def fleet_view(backends: Sequence[Backend]) -> dict[str, Any]:
-    """How the gateway knew its backends at the end of a run, as ``bench/fleet_modes.py``
+    """How the gateway knew its backends at the end of a run, as ``bench/common/fleet_modes.py``
     ``describe`` reads ``/admin/fleet``: membership and load sources, each profile field's
     source, the max batch it knew."""
     return {"sources": sorted({b.source for b in backends}),

@@ -1,6 +1,6 @@
 """A live routing run's requests as a vsim workload, to replay them in virtual time.
 
-``bench.routing_live`` writes each request's record (``records.json``: index, send time,
+``bench.routing.live`` writes each request's record (``records.json``: index, send time,
 status, TTFT, cached tokens, worker). Its requests are ``bench.run`` 's shared-prefix specs
 for the run's seed and options, in index order. ``replay_requests`` regenerates those specs,
 renders and tokenizes each prompt as the live sim worker does (``--tokenizer approx``) and

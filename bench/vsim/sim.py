@@ -23,12 +23,13 @@ Events, in time order (ties in the order they were scheduled):
 - **stale**: the moment a worker's figures exceed ``max_age_s`` with no newer heartbeat due
   before (silent workers, or ``heartbeat_s > max_age_s``).
 
-**Modes** (``SimConfig.mode``, as ``bench/fleet_modes.py``'s live fleets). ``own``: the events
-above. ``third-party``: the engines as vLLM servers, listed statically: no heartbeats, polls or
-KV events, so only the approximate index (an ``exact`` profile is refused); instead the
-gateway's **scrape** (``bench/vsim/scrape.py``: ``FleetSync``'s own code) looks first at time
-0 (load, discovered profile), then reads every engine's ``/metrics`` every
-``scrape_interval_s``. The first ``num_silent_workers`` answer the first look only.
+**Modes** (``SimConfig.mode``, as ``bench/common/fleet_modes.py``'s live fleets). ``own``:
+the events above. ``third-party``: the engines as vLLM servers, listed statically: no
+heartbeats, polls or KV events, so only the approximate index (an ``exact`` profile is
+refused); instead the gateway's **scrape** (``bench/vsim/scrape.py``: ``FleetSync``'s own
+code) looks first at time 0 (load, discovered profile), then reads every engine's
+``/metrics`` every ``scrape_interval_s``. The first ``num_silent_workers`` answer the first
+look only.
 
 In both modes, each finished request's cached prompt tokens (what the engine core found at
 the admission that produced its first token, what the live worker reports in ``usage``) go to
@@ -42,7 +43,7 @@ gateway's per-backend record ``backends.fleet.registry.Backend``.
 after the gateway decided (the gateway's work, the loopback hop, the worker parsing and
 tokenizing the prompt) and its first token reaches the client a little after the engine's
 step ended (the SSE relay, the worker loop's 1 ms timer). ``dispatch_s`` adds that whole
-fixed cost before the engine sees the request; ``bench.vsim_agreement`` measures it on an
+fixed cost before the engine sees the request; ``bench.vsim.agreement`` measures it on an
 idle live fleet. It is 0 by default (an ideal gateway).
 
 Example::
@@ -68,10 +69,10 @@ from backends.fleet.profiles import heartbeat_facts
 from backends.fleet.registry import Backend
 from backends.sim.core import SimEngineCore
 from backends.sim.profile import WorkerProfile
-from bench.fleet_modes import MODES, Mode
+from bench.common.fleet_modes import MODES, Mode
 from bench.run.arrivals import gap_s
 from bench.vsim.metrics import Recorder, RunResult, summarize
-from bench.vsim.profiles import MODEL as MODEL  # re-exported: bench.vsim_agreement
+from bench.vsim.profiles import MODEL as MODEL  # re-exported: bench.vsim.agreement
 from bench.vsim.profiles import PROFILES as PROFILES
 from bench.vsim.profiles import no_exact_index
 from bench.vsim.router import VirtualRouter

@@ -73,7 +73,7 @@ def write_calibration(path: Path, fit: LatencyFit, *, device: str, model: str,
                  "num_samples": fit.num_samples,
                  "median_abs_relative_error": fit.median_abs_relative_error,
                  "max_abs_relative_error": fit.max_abs_relative_error,
-                 "source": "python -m bench.worker_bench (batch sweep steps)"}
+                 "source": "python -m bench.worker (batch sweep steps)"}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2) + "\n")
     return document

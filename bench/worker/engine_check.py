@@ -1,4 +1,4 @@
-"""The engine's correctness on a device: ``bench/gpu_check.sh`` runs it on CUDA.
+"""The engine's correctness on a device: ``bench/worker/gpu_check.sh`` runs it on CUDA.
 
 On SmolLM2, on the given device (the tests check the same on CPU):
 

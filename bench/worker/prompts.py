@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from backends.tokenizer import Tokenizer
+from bench.common.paths import DATA_DIR
 
-TEXT_PATH = Path(__file__).resolve().parents[1] / "data" / "alice-ch1-2.txt"
+TEXT_PATH = DATA_DIR / "alice-ch1-2.txt"
 
 QUESTIONS = (
     "What is the capital of France, and what is it famous for?",

@@ -22,7 +22,7 @@ from typing import Any
 from backends.tokenizer import Tokenizer
 from backends.worker.kv_cache import kv_dtype_name
 from backends.worker.model import LlamaModel
-from bench.procstat import busy_cpu_seconds, cpu_seconds
+from bench.common.procstat import busy_cpu_seconds, cpu_seconds
 from bench.worker.calibration import fit_latency_model, write_calibration
 from bench.worker.capacity import measure_capacity
 from bench.worker.plot import plot_sweep

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from importlib.metadata import EntryPoint, entry_points
 
 from gateway.cli import admin_client, quickstart, up
 from gateway.observe import waits
@@ -55,10 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         from backends.worker.cli import main as worker_main
 
         return worker_main(argv[1:])
-    if argv and argv[0] == "bench":
-        from bench.run.cli import main as bench_main
-
-        return bench_main(argv[1:])
+    if argv and argv[0] in _plugin_commands():
+        return int(_plugin_commands()[argv[0]].load()(argv[1:]))
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         if quickstart.is_requested(args):
@@ -87,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "waits":
         return waits.run(args)
     return admin_client.run(args.command, args)
+
+
+def _plugin_commands() -> dict[str, EntryPoint]:
+    """Programs outside the gateway package that join ``switchyard`` as sub-commands (entry
+    points of group ``switchyard.commands``; ``bench`` is one), so the gateway imports none."""
+    return {ep.name: ep for ep in entry_points(group="switchyard.commands")}
 
 
 def _print_config_errors(source: str, exc: ConfigError) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.admission_bench_figures import (
+from bench.admission.figures import (
     longest_gap_s,
     max_min_shares,
     retry_figures,

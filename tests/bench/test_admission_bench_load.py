@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import pytest
 from aiohttp import web
 
-from bench.admission_bench_load import TIERS, Mix, RetryPolicy, Workload, drive_with_retries
+from bench.admission.load import TIERS, Mix, RetryPolicy, Workload, drive_with_retries
 from gateway.cli.localproc import free_port
 
 TENANTS = Mix().tenants

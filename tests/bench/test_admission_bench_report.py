@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.admission_bench_report import judge
+from bench.admission.report import judge
 
 
 def tiers(interactive: float, standard: float, batch_gap_s: float | None,

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from bench.admission_bench import QUICK
-from bench.admission_bench_quota import COST_SETUPS
+from bench.admission.bench import QUICK
+from bench.admission.quota import COST_SETUPS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIERS = ("interactive", "standard", "batch")
@@ -37,7 +37,7 @@ COST_FIGURES = ("gateway_cpu_us_per_request", "redis_cpu_us_per_request", "reque
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     results_dir = tmp_path_factory.mktemp("admission-results")
     done = subprocess.run(
-        [sys.executable, "-m", "bench.admission_bench", "--quick", "--mode", "own",
+        [sys.executable, "-m", "bench.admission", "--quick", "--mode", "own",
          "--results-dir", str(results_dir)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=90, check=False,
     )

@@ -27,7 +27,7 @@ MODES = (("own", "own"), ("third_party", "third-party"))
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
     results_dir = tmp_path_factory.mktemp("admission-modes")
     done = subprocess.run(
-        [sys.executable, "-m", "bench.admission_bench", "--quick", "--mode", "both",
+        [sys.executable, "-m", "bench.admission", "--quick", "--mode", "both",
          "--levels", "2", "--no-mock", "--results-dir", str(results_dir)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=90, check=False,
     )

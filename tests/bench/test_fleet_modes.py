@@ -1,5 +1,5 @@
-"""bench.fleet_modes on hand-made values: the --mode switch, the static backends a third-party
-gateway lists, and when a backend counts as ready in each mode."""
+"""bench.common.fleet_modes on hand-made values: the --mode switch, the static backends a
+third-party gateway lists, and when a backend counts as ready in each mode."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.fleet_modes import Mode, describe, is_ready, key_of, parse_modes, static_backends
+from bench.common.fleet_modes import Mode, describe, is_ready, key_of, parse_modes, static_backends
 
 DISCOVERED = {"block_size": {"value": 16, "source": "vllm:/metrics"},
               "kv_capacity_tokens": {"value": 4800, "source": "vllm:/metrics"},

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from bench.overhead import QUICK, phases
-from bench.report import ROWS, TARGETS
+from bench.common.report import ROWS, TARGETS
+from bench.overhead.bench import QUICK, phases
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENDPOINTS = ("direct", "floor", "gateway")

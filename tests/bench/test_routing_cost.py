@@ -1,10 +1,10 @@
-"""bench.routing_cost: the decision-cost microbenchmark runs and reports every case."""
+"""bench.routing.cost: the decision-cost microbenchmark runs and reports every case."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.routing_cost import NUM_BACKENDS, Setup, main, measure, measure_gateway
+from bench.routing.cost import NUM_BACKENDS, Setup, main, measure, measure_gateway
 
 
 def test_measures_one_sample_per_call_pure_and_through_the_gateway() -> None:

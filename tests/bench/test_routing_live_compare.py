@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from bench.routing_live import chosen_profiles
-from bench.routing_live_compare import (
+from bench.routing.compare import (
     all_verdicts,
     comparison,
     comparison_tables,
     document_markdown,
 )
+from bench.routing.live import chosen_profiles
 
 APPROX, EXACT = "prefix_affinity (approx)", "prefix_affinity (exact)"
 

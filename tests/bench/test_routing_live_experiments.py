@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from bench.fleet_modes import Mode
-from bench.routing_live import PROFILES
-from bench.routing_live_drive import Load
-from bench.routing_live_experiments import interleaved, run_experiments
-from bench.routing_live_fleet import FleetSpec
+from bench.common.fleet_modes import Mode
+from bench.routing.drive import Load
+from bench.routing.experiments import interleaved, run_experiments
+from bench.routing.fleet import FleetSpec
+from bench.routing.live import PROFILES
 
 LOAD, HOT_LOAD = Load(rate_per_s=10.0), Load(rate_per_s=12.0)
 

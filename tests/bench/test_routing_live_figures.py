@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from backends.tokenizer import get_tokenizer
-from bench.routing_live import MIN_KV_BLOCKS, Settings, kv_blocks_for, main_kv_blocks
-from bench.routing_live_figures import ideal_per_request, miss_split, run_figures, turns_kept
+from bench.routing.figures import ideal_per_request, miss_split, run_figures, turns_kept
+from bench.routing.live import MIN_KV_BLOCKS, Settings, kv_blocks_for, main_kv_blocks
 from bench.run.spec import Record
 
 WORKING_SET = 3294

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from bench.routing_live import KV_FRACTION, hot_rate, kv_blocks_for
-from bench.routing_live_figures import ideal_cached_tokens
-from bench.routing_live_workloads import hot_weights
+from bench.routing.figures import ideal_cached_tokens
+from bench.routing.live import KV_FRACTION, hot_rate, kv_blocks_for
+from bench.routing.workloads import hot_weights
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILES = ("round_robin", "prefix_affinity (exact)")
@@ -35,7 +35,7 @@ POSITIVE = ("throughput_rps", "cached_fraction", "ideal_cached_fraction", "share
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("routing-live") / "routing-live.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.routing_live", "--quick", "--mode", "own",
+        [sys.executable, "-m", "bench.routing", "--quick", "--mode", "own",
          "--profiles", "round_robin,prefix_affinity:exact",
          "--experiments", "shared-prefix,hot-prefix", "--out", str(out)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=100, check=False,

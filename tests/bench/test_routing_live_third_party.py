@@ -23,7 +23,7 @@ import pytest
 import redis
 
 from backends.publisher import WORKERS_ZSET
-from bench.routing_live_fleet import FleetSpec, routing_fleet
+from bench.routing.fleet import FleetSpec, routing_fleet
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 OWN, THIRD_PARTY = "prefix_affinity (exact)", "prefix_affinity (approx)"
@@ -61,7 +61,7 @@ def test_the_exact_index_is_refused_in_third_party_mode() -> None:
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
     out = tmp_path_factory.mktemp("routing-live-modes") / "routing-live.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.routing_live", "--quick", "--mode", "both", "--rate", "8",
+        [sys.executable, "-m", "bench.routing", "--quick", "--mode", "both", "--rate", "8",
          "--profiles", "prefix_affinity:exact", "--third-party-profiles",
          "prefix_affinity:approx", "--experiments", ",".join(WORKLOADS), "--out", str(out)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=100, check=False,

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from backends.sim.profile import WorkerProfile
-from bench.sim_accuracy import QUICK
-from bench.sim_accuracy_model import (
+from bench.sim_accuracy.bench import QUICK
+from bench.sim_accuracy.model import (
     ObservedRequest,
     relative_errors,
     replay_worker,

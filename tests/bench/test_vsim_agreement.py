@@ -1,4 +1,4 @@
-"""bench.vsim_agreement --quick: live and virtual-time runs of the same requests (~35 s).
+"""bench.vsim.agreement --quick: live and virtual-time runs of the same requests (~35 s).
 
 Checks the JSON's structure and sanity only; agreement itself is measured, not asserted.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.vsim_agreement import PROFILES
+from bench.vsim.agreement import PROFILES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
 @pytest.fixture(scope="module")
 def document(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out = tmp_path_factory.mktemp("vsim-agreement") / "agreement.json"
-    done = subprocess.run([sys.executable, "-m", "bench.vsim_agreement", "--quick",
+    done = subprocess.run([sys.executable, "-m", "bench.vsim.agreement", "--quick",
                            "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -27,7 +27,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     results_dir = tmp_path_factory.mktemp("worker-bench")
     done = subprocess.run(
-        [sys.executable, "-m", "bench.worker_bench", "--quick", "--device", "cpu",
+        [sys.executable, "-m", "bench.worker", "--quick", "--device", "cpu",
          "--results-dir", str(results_dir)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr[-3000:]

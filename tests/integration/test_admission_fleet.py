@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from bench.admission_bench_fleet import scrape
+from bench.admission.fleet import scrape
 from gateway.cli.localproc import (
     ProcessGroup,
     free_port_range,

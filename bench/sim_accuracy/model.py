@@ -1,6 +1,6 @@
 """The model side of the simulator accuracy benchmark: the workload, a virtual-time replay, errors.
 
-Pure: no I/O, no clock. The load driver (`bench.sim_accuracy_client`) and the replay both draw
+Pure: no I/O, no clock. The load driver (`bench.sim_accuracy.client`) and the replay both draw
 each request from :func:`request_shape`, so the replay feeds a fresh ``SimEngineCore`` exactly the
 prompts the live simulator saw, at the times the client sent them::
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from backends.sim.core import SimEngineCore
 from backends.sim.profile import WorkerProfile
-from bench.stats import percentile
+from bench.common.stats import percentile
 
 MIN_PROMPT_TOKENS, MAX_PROMPT_TOKENS = 256, 1024
 MIN_MAX_TOKENS, MAX_MAX_TOKENS = 64, 128

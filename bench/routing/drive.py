@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import aiohttp
 import uvloop
 
-from bench.routing_live_fleet import RoutingFleet, scrape_gateway, scrape_workers
+from bench.routing.fleet import RoutingFleet, scrape_gateway, scrape_workers
 from bench.run.arrivals import sweep
 from bench.run.client import Client, open_session
 from bench.run.driver import DriveLimits, Driver, Scheduled

@@ -1,9 +1,9 @@
 """The admission benchmark's simulated fleet, phase by phase: capacity, load levels, retries.
 
-`run_main_fleet` starts one fleet (own or third-party, `bench.fleet_modes`): simulated workers
-and two gateways on them, admission on and off; measures the capacity through the FIFO gateway
-(`measure_capacity`), runs every load level through both (`run_once`), then the retry run at
-the target level (`run_retry`). `Plan` sizes every phase; `QUICK` is the smoke-test size.
+`run_main_fleet` starts one fleet (own or third-party, `bench.common.fleet_modes`): simulated
+workers and two gateways on them, admission on and off; measures the capacity through the FIFO
+gateway (`measure_capacity`), runs every load level through both (`run_once`), then the retry
+run at the target level (`run_retry`). `Plan` sizes every phase; `QUICK` is the smoke-test size.
 Example::
 
     run = run_main_fleet(workdir, QUICK, mode="third-party")
@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from bench.admission_bench_figures import retry_figures, run_figures
-from bench.admission_bench_fleet import (
+from bench.admission.figures import retry_figures, run_figures
+from bench.admission.fleet import (
     SIM_MODEL,
     Fleet,
     GatewayProc,
@@ -32,7 +32,7 @@ from bench.admission_bench_fleet import (
     scrape,
     wait_idle,
 )
-from bench.admission_bench_load import (
+from bench.admission.load import (
     HEAVY,
     TIERS,
     Mix,
@@ -43,8 +43,14 @@ from bench.admission_bench_load import (
     drive_closed,
     drive_with_retries,
 )
-from bench.admission_bench_report import TARGET_LEVEL
-from bench.fleet_modes import Mode, describe, fleet_snapshot, static_backends, wait_for_backends
+from bench.admission.report import TARGET_LEVEL
+from bench.common.fleet_modes import (
+    Mode,
+    describe,
+    fleet_snapshot,
+    static_backends,
+    wait_for_backends,
+)
 from bench.run.options import DEFAULT_SLOS
 
 Keys = Mapping[str, Mapping[str, str]]
@@ -123,7 +129,7 @@ def run_once(gateway: GatewayProc, keys: Keys, plan: Plan, workers: Sequence[str
 
 def measure_capacity(fifo: GatewayProc, keys: Keys, plan: Plan, workers: Sequence[str]
                      ) -> dict[str, Any]:
-    """Saturation throughput, then the FIFO rate sweep (`bench.admission_bench`, step 2)."""
+    """Saturation throughput, then the FIFO rate sweep (`bench.admission.bench`, step 2)."""
     slots = plan.num_workers * plan.max_batch
     probe = drive_closed(fifo.url + "/v1", SIM_MODEL, Workload(keys, plan.mix, 7),
                          concurrency=2 * slots, send_s=plan.probe_s)

@@ -1,14 +1,15 @@
-"""Issue 2: what the gateway costs, in CPU and latency, over calling the engine directly.
+"""What the gateway costs, in CPU and latency, over calling the engine directly.
 
 In one run it starts a private redis-server, a zero-delay mock engine, a gateway process and a
-bare aiohttp pass-through proxy (`bench.bare_proxy`, the floor for a Python proxy), creates a
-tenant and key through the admin API, then drives the same load at the engine directly, through
-the bare proxy and through the gateway (with auth), ``--runs`` times, and reports medians::
+bare aiohttp pass-through proxy (`bench.overhead.bare_proxy`, the floor for a Python proxy),
+creates a tenant and key through the admin API, then drives the same load at the engine
+directly, through the bare proxy and through the gateway (with auth), ``--runs`` times, and
+reports medians::
 
     python -m bench.overhead            # the full benchmark (about 3 minutes)
     python -m bench.overhead --quick    # a smoke run (well under 20 s)
 
-Load comes from `bench.loadgen` in a separate process, so its CPU is not counted; CPU is read
+Load comes from `bench.common.loadgen` in a separate process, so its CPU is not counted; CPU is read
 from /proc/PID/stat of the proxy and the engine around each measured phase, and /proc/stat tells
 how much other work shared the machine ("others_cores_busy"). Results go to
 ``bench/results/overhead-<timestamp>.json``; targets are printed as PASS/FAIL, never asserted.
@@ -29,11 +30,11 @@ from typing import Any
 
 import orjson
 
-from bench.fleet import CHAT_PATH, BenchFleet, bench_fleet
-from bench.report import judge, machine, markdown_table, text_table, write_results
-from bench.stats import median
+from bench.common.paths import RESULTS_DIR
+from bench.common.report import judge, machine, markdown_table, text_table, write_results
+from bench.common.stats import median
+from bench.overhead.fleet import CHAT_PATH, BenchFleet, bench_fleet
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 Figures = dict[str, float]
 
 
@@ -60,7 +61,7 @@ QUICK = Plan(runs=1, num_requests=400, num_streams=60, rate_duration_s=1.0, max_
 
 
 def _loadgen(fleet: BenchFleet, url: str, watch: dict[str, int], *args: str) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "bench.loadgen", "--url", url, "--key", fleet.api_key,
+    argv = [sys.executable, "-m", "bench.common.loadgen", "--url", url, "--key", fleet.api_key,
             "--model", fleet.model, "--json", *args]
     for name, pid in watch.items():
         argv += ["--watch", f"{name}={pid}"]

@@ -1,17 +1,17 @@
-"""Issue 6: what tracing costs the gateway, in CPU-µs per request: off, 100% and 1% sampled.
+"""What tracing costs the gateway, in CPU-µs per request: off, 100% and 1% sampled.
 
-Three benchmark fleets (`bench.fleet`, as `bench.overhead` uses) run side by side, identical
-but for the gateway's ``OTEL_*`` environment: tracing off; OTLP/HTTP export with every request
-sampled; and 1% sampled (``parentbased_traceidratio``). The traced gateways export to an OTLP
-sink in this process that discards what it gets; the spans each gateway exported, dropped or
-failed to send are read from its ``/metrics`` (a lost span would flatter the figure). Each run
-drives the same load (`bench.overhead`'s phases, through its load generator process) at the
-three gateways one after the other, in a rotating order, at saturation (closed loop, 32 in
-flight, as in `bench.overhead`). CPU per request is the mean over runs, "added" the ratio of
-those means; the spread of the runs' own ratios is printed too::
+Three benchmark fleets (`bench.overhead.fleet`, as `bench.overhead.bench` uses) run side by
+side, identical but for the gateway's ``OTEL_*`` environment: tracing off; OTLP/HTTP export with
+every request sampled; and 1% sampled (``parentbased_traceidratio``). The traced gateways export
+to an OTLP sink in this process that discards what it gets; the spans each gateway exported,
+dropped or failed to send are read from its ``/metrics`` (a lost span would flatter the figure).
+Each run drives the same load (`bench.overhead.bench`'s phases, through its load generator
+process) at the three gateways one after the other, in a rotating order, at saturation (closed
+loop, 32 in flight, as in `bench.overhead.bench`). CPU per request is the mean over runs,
+"added" the ratio of those means; the spread of the runs' own ratios is printed too::
 
-    python -m bench.tracing_overhead             # 15 runs; about 4 minutes
-    python -m bench.tracing_overhead --quick     # a smoke run (about 40 s)
+    python -m bench.overhead.tracing             # 15 runs; about 4 minutes
+    python -m bench.overhead.tracing --quick     # a smoke run (about 40 s)
 
 Results go to ``bench/results/tracing-overhead-<timestamp>.json``; the target (at most 15%
 added CPU per request at 100% sampling) is printed as PASS/FAIL, never asserted.
@@ -35,13 +35,13 @@ from typing import Any
 import httpx
 import orjson
 
-from bench.fleet import CHAT_PATH, BenchFleet, bench_fleet
-from bench.overhead import QUICK, Plan, phases, result_figures
-from bench.overhead import _loadgen as run_loadgen
-from bench.report import machine
-from bench.stats import median, percentile
+from bench.common.paths import RESULTS_DIR
+from bench.common.report import machine
+from bench.common.stats import median, percentile
+from bench.overhead.bench import QUICK, Plan, phases, result_figures
+from bench.overhead.bench import _loadgen as run_loadgen
+from bench.overhead.fleet import CHAT_PATH, BenchFleet, bench_fleet
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TARGET_ADDED_FRAC = 0.15
 VARIANTS: dict[str, dict[str, str]] = {
     "off": {"OTEL_TRACES_EXPORTER": "none"},
@@ -187,7 +187,7 @@ def report_table(summary: dict[str, float]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench.tracing_overhead", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.overhead.tracing", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a small smoke run, one repeat")
     parser.add_argument("--runs", type=int, help="repeats; medians are reported (default 5)")
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.results_dir / f"tracing-overhead-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_bytes(orjson.dumps({
         "benchmark": "tracing_overhead", "issue": 6,
-        "command": " ".join(["python -m bench.tracing_overhead", *(argv or sys.argv[1:])]),
+        "command": " ".join(["python -m bench.overhead.tracing", *(argv or sys.argv[1:])]),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "duration_s": time.time() - started, "machine": machine(),
         "plan": dataclasses.asdict(plan), "summary": summary, "runs": runs,

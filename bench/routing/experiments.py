@@ -1,4 +1,4 @@
-"""Which runs each experiment of ``bench.routing_live`` makes, in each fleet mode.
+"""Which runs each experiment of ``bench.routing.live`` makes, in each fleet mode.
 
 - **shared-prefix**: every profile of the mode;
 - **multi-turn**: round_robin and the prefix_affinity variants (`MULTI_TURN_PROFILES`);
@@ -20,9 +20,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from bench.fleet_modes import Mode
-from bench.routing_live_drive import Load
-from bench.routing_live_fleet import FleetSpec
+from bench.common.fleet_modes import Mode
+from bench.routing.drive import Load
+from bench.routing.fleet import FleetSpec
 
 RunOne = Callable[[FleetSpec, str, Load], dict[str, Any]]  # spec, workload, load -> figures
 MULTI_TURN_PROFILES = ("round_robin", "prefix_affinity:approx", "prefix_affinity:exact")

@@ -14,16 +14,16 @@ vs both prefix_affinity variants; also the share of turns kept on the previous t
 the hot-prefix experiment (one group carries 30% of the traffic at a rate where its single
 holder would saturate, against a uniform workload at the same rate); and KV pressure (each
 worker's KV = 25% and 100% of the working set), exact vs approximate index, round_robin as a
-reference (`bench.routing_live_experiments`).
+reference (`bench.routing.experiments`).
 
-**Modes** (``--mode``, `bench.fleet_modes`; default ``both``). *own*: the workers join the
+**Modes** (``--mode``, `bench.common.fleet_modes`; default ``both``). *own*: the workers join the
 gateway by heartbeat and publish KV events (the exact index exists). *third-party*: the same
 engines without Redis, listed in the gateway's ``backends:`` with worker discovery off, no
 tokenizer and no stated profile, so the gateway knows only what it scrapes (``/metrics``,
 ``/v1/models``) and its own books; profiles ``--third-party-profiles`` (default round_robin and
 prefix_affinity (approx): there is no exact index). Each profile's runs in the two modes go
 back to back, at the same rate; the report sets them side by side with the ratio third-party /
-own of TTFT p90, p99 and cached share (target: within 10 %; `bench.routing_live_compare`).
+own of TTFT p90, p99 and cached share (target: within 10 %; `bench.routing.compare`).
 
 **Calibration.** At the same worker KV, round-robin's capacity C is the throughput of a
 closed loop with 16 requests in flight per worker (``--calibration-concurrency``): requests
@@ -32,17 +32,17 @@ there (reported). It runs once, on the own fleet (the third-party one with ``--m
 third-party``), and both modes use its rates. The main rate is 0.75 C. The hot-prefix rate
 makes the hot group alone offer 1.2x one worker's share of C, within [0.75 C, C]:
 ``1.2 C / (workers * 0.3)`` = C for 4 workers. With ``--rate R`` there is no calibration and
-C = R / 0.75. Figures: `bench.routing_live_figures`. Run it under the shared lock::
+C = R / 0.75. Figures: `bench.routing.figures`. Run it under the shared lock::
 
-    flock /tmp/switchyard-bench.lock .venv/bin/python -m bench.routing_live   # ~35 minutes
-    flock /tmp/switchyard-bench.lock .venv/bin/python -m bench.routing_live --mode own
-    .venv/bin/python -m bench.routing_live --quick --profiles round_robin,prefix_affinity:exact
-    .venv/bin/python -m bench.routing_live --rate 30 --experiments shared-prefix,hot-prefix
-    .venv/bin/python -m bench.routing_live --kv-fraction default --experiments shared-prefix
+    flock /tmp/switchyard-bench.lock .venv/bin/python -m bench.routing   # ~35 minutes
+    flock /tmp/switchyard-bench.lock .venv/bin/python -m bench.routing --mode own
+    .venv/bin/python -m bench.routing --quick --profiles round_robin,prefix_affinity:exact
+    .venv/bin/python -m bench.routing --rate 30 --experiments shared-prefix,hot-prefix
+    .venv/bin/python -m bench.routing --kv-fraction default --experiments shared-prefix
 
 The JSON goes to ``--out`` (default ``bench/results/routing-live-TIME.json``): the calibration
 and rates, then each mode's runs under ``own`` and ``third_party``, the comparison and the
-targets; the tables (``bench.routing_live_compare``) are printed.
+targets; the tables (``bench.routing.compare``) are printed.
 """
 
 from __future__ import annotations
@@ -59,14 +59,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.fleet_modes import MODE_CHOICES, Mode, key_of, parse_modes
-from bench.procstat import busy_cpu_seconds, cpu_seconds
-from bench.routing_live_compare import all_verdicts, comparison, document_markdown
-from bench.routing_live_drive import Load, drive, make_tenants
-from bench.routing_live_experiments import run_experiments
-from bench.routing_live_figures import ideal_per_request, run_figures
-from bench.routing_live_fleet import FleetSpec, routing_fleet
-from bench.routing_live_workloads import (
+from bench.common.fleet_modes import MODE_CHOICES, Mode, key_of, parse_modes
+from bench.common.procstat import busy_cpu_seconds, cpu_seconds
+from bench.routing.compare import all_verdicts, comparison, document_markdown
+from bench.routing.drive import Load, drive, make_tenants
+from bench.routing.experiments import run_experiments
+from bench.routing.figures import ideal_per_request, run_figures
+from bench.routing.fleet import FleetSpec, routing_fleet
+from bench.routing.workloads import (
     hot_weights,
     uniform_weights,
     weighted_prefix,
@@ -261,8 +261,8 @@ def _every_run(results: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The options of ``python -m bench.routing_live``."""
-    parser = argparse.ArgumentParser(prog="python -m bench.routing_live", description=__doc__,
+    """The options of ``python -m bench.routing``."""
+    parser = argparse.ArgumentParser(prog="python -m bench.routing", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--mode", choices=MODE_CHOICES, default="both",
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed_s = time.monotonic() - started
     others = [run["others_cores"] for run in _every_run(results)]
     results["config"] = {
-        "command": " ".join(["python -m bench.routing_live", *(argv or sys.argv[1:])]),
+        "command": " ".join(["python -m bench.routing", *(argv or sys.argv[1:])]),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "profiles": profiles,
         "modes": list(profiles),
         "experiments": experiments, "elapsed_s": elapsed_s,

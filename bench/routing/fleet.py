@@ -1,7 +1,7 @@
 """A fresh fleet for one routing run: a private redis-server, N simulated workers, and a
 gateway with one routing profile.
 
-``mode="own"`` (`bench.fleet_modes`): the workers join the gateway through their Redis
+``mode="own"`` (`bench.common.fleet_modes`): the workers join the gateway through their Redis
 heartbeats and publish KV events. ``mode="third-party"``: the same workers run without Redis and
 the gateway lists them in ``backends:`` with worker discovery off, loading them from their
 ``/metrics`` and discovering their profile there and on ``/v1/models``. ``index="exact"``
@@ -28,7 +28,7 @@ from typing import Any, Literal
 import httpx
 import yaml
 
-from bench.fleet_modes import Mode, describe, static_backends, wait_for_backends
+from bench.common.fleet_modes import Mode, describe, static_backends, wait_for_backends
 from bench.run.workers import parse_counters
 from gateway.cli.localproc import (
     ProcessGroup,
@@ -83,7 +83,7 @@ class RoutingFleet:
     model: str
     worker_urls: Mapping[str, str]  # worker name (as in x-switchyard-backend) -> base URL
     pids: Mapping[str, int]  # redis, sim, gateway
-    backends: Mapping[str, Any]  # how the gateway knows them (`bench.fleet_modes.describe`)
+    backends: Mapping[str, Any]  # how the gateway knows them (`bench.common.fleet_modes.describe`)
 
 
 def _gateway_config(spec: FleetSpec, port: int, redis_url: str, admin_token: str,

@@ -1,8 +1,9 @@
 """Processes of the admission benchmark: a private Redis, engines, gateways; and what they say.
 
 ``Fleet`` holds one Redis and a `ProcessGroup`; engines (simulated workers joining through Redis
-heartbeats, the same workers without Redis for a third-party fleet (`bench.fleet_modes`), or a
-zero-delay mock engine listed in the configuration) and gateways are started into it. Every
+heartbeats, the same workers without Redis for a third-party fleet
+(`bench.common.fleet_modes`), or a zero-delay mock engine listed in the configuration) and
+gateways are started into it. Every
 gateway shares the admin token and key secret, so tenants and keys made through one work
 through all. Example::
 

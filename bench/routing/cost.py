@@ -6,9 +6,9 @@ puts the match into the fleet snapshot and calls ``schedule()``; hashing the pro
 beforehand and not counted (the gateway hashes once per request, for routing and the index).
 Each profile is timed with ``time.perf_counter_ns`` around each call::
 
-    python -m bench.routing_cost                 # 5 rounds of 10,000 decisions per profile
-    python -m bench.routing_cost --quick         # a smoke run (one round of 1,000)
-    python -m bench.routing_cost --profile prefix_affinity --rounds 9
+    python -m bench.routing.cost                 # 5 rounds of 10,000 decisions per profile
+    python -m bench.routing.cost --quick         # a smoke run (one round of 1,000)
+    python -m bench.routing.cost --profile prefix_affinity --rounds 9
 
 It prints p50 / p99 microseconds per decision and PASS/FAIL against the target (p99 <= 100 us
 for ``prefix_affinity``, the default profile, ranking every candidate it scored: over 64
@@ -36,8 +36,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from backends.fleet.registry import Backend, BackendRegistry
-from bench.procstat import busy_cpu_seconds
-from bench.stats import percentile
+from bench.common.procstat import busy_cpu_seconds
+from bench.common.stats import percentile
 from gateway.router import RoutePlan, Router
 from routing import (
     DEFAULT_PROFILE,

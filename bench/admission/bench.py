@@ -3,20 +3,20 @@ on an own fleet and on a third-party one.
 
 One run (``flock /tmp/switchyard-bench.lock`` around it on a shared machine)::
 
-    python -m bench.admission_bench                      # both modes (about 25 minutes)
-    python -m bench.admission_bench --mode own           # the own fleet only (about 12 min)
-    python -m bench.admission_bench --mode third-party   # the third-party fleet only
-    python -m bench.admission_bench --quick    # a smoke run, both modes (about 45 s, 2 workers)
-    python -m bench.admission_bench --costs-only   # only the admission cost (about 4 min)
+    python -m bench.admission                      # both modes (about 25 minutes)
+    python -m bench.admission --mode own           # the own fleet only (about 12 min)
+    python -m bench.admission --mode third-party   # the third-party fleet only
+    python -m bench.admission --quick    # a smoke run, both modes (about 45 s, 2 workers)
+    python -m bench.admission --costs-only   # only the admission cost (about 4 min)
 
-1. **Fleet** (`bench.admission_bench_sim`), once per mode (`bench.fleet_modes`, ``--mode``): a
+1. **Fleet** (`bench.admission.sim`), once per mode (`bench.common.fleet_modes`, ``--mode``): a
    private Redis, simulated workers (small batches, slowed down, so the fleet saturates at a
    rate a 2-core machine can drive) and two gateways on them: admission on (the default) and
    off (``admission: {slo_enabled: false}``: plain FIFO to the workers). **own**: the workers
    join through heartbeats; **third-party**: the same workers without Redis, listed in
    ``backends:`` (no ``profile:``) with ``routing: {discover_workers: false}``. Ten tenants,
    ``t0`` sending 10x each of the others; 20% interactive, 50% standard, 30% batch
-   (`bench.admission_bench_load`).
+   (`bench.admission.load`).
 2. **Capacity at 1x**, through the FIFO gateway: a closed loop at twice the fleet's batch slots
    gives the saturation throughput X; then Poisson rates 0.75 .. 1.0 X in steps of 0.05 from
    0.85, each as long as a load level (40 s), and the capacity is the highest whose
@@ -24,16 +24,16 @@ One run (``flock /tmp/switchyard-bench.lock`` around it on a shared machine)::
    FIFO queue grows without bound; a 20 s step passed there in about half the runs by luck,
    which made the capacity, and every ratio to it, jump by 10 %.)
 3. **Overload**: 1x, 1.5x, 2x and 3x that capacity, each with admission on and off (same
-   seed, so the same requests at the same times); figures in `bench.admission_bench_figures`.
+   seed, so the same requests at the same times); figures in `bench.admission.figures`.
 4. **Retries**: the 2x run again through the admission gateway (same seed), with the
    interactive and standard clients (``--retry-tiers``, ``--retry-fraction``) retrying each
    refusal once, after exactly its ``Retry-After``: the share of those first retries admitted,
    and the share served within the tier's TTFT SLO.
-5. **Quota accuracy** and **admission cost** on a mock engine (`bench.admission_bench_quota`),
+5. **Quota accuracy** and **admission cost** on a mock engine (`bench.admission.quota`),
    once: a mock engine listed in the configuration is third-party in both modes.
 
 Results go to ``bench/results/admission-<timestamp>.json``; targets are printed as PASS/FAIL
-per mode, never asserted (`bench.admission_bench_report`).
+per mode, never asserted (`bench.admission.report`).
 """
 
 from __future__ import annotations
@@ -49,18 +49,18 @@ from typing import Any
 
 import orjson
 
-from bench.admission_bench_fleet import Fleet
-from bench.admission_bench_load import TIERS, RetryPolicy
-from bench.admission_bench_quota import measure_costs, measure_quota
-from bench.admission_bench_report import costs_table, judge, markdown
-from bench.admission_bench_sim import QUICK, Plan, run_main_fleet
-from bench.fleet_modes import MODE_CHOICES, key_of, parse_modes
-from bench.report import machine
+from bench.admission.fleet import Fleet
+from bench.admission.load import TIERS, RetryPolicy
+from bench.admission.quota import measure_costs, measure_quota
+from bench.admission.report import costs_table, judge, markdown
+from bench.admission.sim import QUICK, Plan, run_main_fleet
+from bench.common.fleet_modes import MODE_CHOICES, key_of, parse_modes
+from bench.common.paths import RESULTS_DIR
+from bench.common.report import machine
 from bench.run.options import DEFAULT_SLOS
 
 __all__ = ["QUICK", "Plan", "main", "run_costs_only", "run_main_fleet", "run_mock_fleet"]
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def run_mock_fleet(workdir: Path, plan: Plan) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -87,7 +87,7 @@ def run_costs_only(workdir: Path, plan: Plan) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.admission_bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.admission", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds a phase")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                          plan)
     document: dict[str, Any] = {
         "benchmark": "admission", "issue": 5,
-        "command": " ".join(["python -m bench.admission_bench", *(argv or sys.argv[1:])]),
+        "command": " ".join(["python -m bench.admission", *(argv or sys.argv[1:])]),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "duration_s": time.time() - started, "main_fleet_s": main_fleet_s,
         "machine": machine(),
@@ -164,7 +164,7 @@ def _costs_only(plan: Plan, results_dir: Path, argv: list[str] | None) -> int:
     with tempfile.TemporaryDirectory(prefix="sy-admission-") as tmp:
         costs = run_costs_only(Path(tmp) / "mock", plan)
     document = {"benchmark": "admission-costs", "issue": 5,
-                "command": " ".join(["python -m bench.admission_bench",
+                "command": " ".join(["python -m bench.admission",
                                      *(argv or sys.argv[1:])]),
                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
                 "duration_s": time.time() - started, "machine": machine(),

@@ -1,16 +1,17 @@
-"""Load driver of the simulator accuracy benchmark; run in its own process by `bench.sim_accuracy`.
+"""Load driver of the simulator accuracy benchmark; `bench.sim_accuracy.bench` runs it in its
+own process.
 
 Keeps ``--concurrency`` streaming ``/v1/completions`` requests in flight to each of ``--workers``
 simulated workers (ports ``--base-port`` + i) in a closed loop for ``--duration`` seconds, then
-lets the last ones finish. Prompts are token ids from `bench.sim_accuracy_model.request_shape`.
+lets the last ones finish. Prompts are token ids from `bench.sim_accuracy.model.request_shape`.
 Per request it records, on this process's ``time.monotonic()`` clock: the worker, the request's
 index, when it was sent, when the first token and the last token were read, and how many tokens
 came. Around the measured phase it also reads each worker's ``/sim/profile`` (steps, lateness)
 and the CPU seconds of the simulator process, of itself and of the whole machine::
 
-    python -m bench.sim_accuracy_client --base-port 19001 --workers 8 --sim-pid 1234 --out r.json
+    python -m bench.sim_accuracy.client --base-port 19001 --workers 8 --sim-pid 1234 --out r.json
 
-Each stream slot owns one keep-alive connection, read by `bench.sim_accuracy_stream`: on a
+Each stream slot owns one keep-alive connection, read by `bench.sim_accuracy.stream`: on a
 2-core machine a full HTTP client would take CPU from the simulator under test.
 """
 
@@ -29,9 +30,9 @@ import aiohttp
 import orjson
 import uvloop
 
-from bench.procstat import busy_cpu_seconds, cpu_seconds
-from bench.sim_accuracy_model import request_shape
-from bench.sim_accuracy_stream import StreamConnection, open_stream_connection
+from bench.common.procstat import busy_cpu_seconds, cpu_seconds
+from bench.sim_accuracy.model import request_shape
+from bench.sim_accuracy.stream import StreamConnection, open_stream_connection
 
 # SSE events of a completion stream that carry no token: the finish event and "[DONE]".
 NUM_TRAILING_EVENTS = 2
@@ -132,7 +133,7 @@ async def drive(driver: Driver, duration_s: float, sim_pid: int) -> dict[str, An
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench.sim_accuracy_client",
+    parser = argparse.ArgumentParser(prog="python -m bench.sim_accuracy.client",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-port", type=int, required=True)

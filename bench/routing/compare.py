@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from bench.fleet_modes import MODES, key_of
-from bench.routing_live_report import (
+from bench.common.fleet_modes import MODES, key_of
+from bench.routing.report import (
     calibration_line,
     fmt,
     markdown,

@@ -2,10 +2,10 @@
 
 For each fleet size in ``--workers-list`` it starts one simulator process
 (``python -m backends.sim --workers N --tokenizer approx``), and a load driver in a separate
-process (`bench.sim_accuracy_client`, so its CPU does not disturb the simulator's event loop)
+process (`bench.sim_accuracy.client`, so its CPU does not disturb the simulator's event loop)
 keeps ``--concurrency`` streaming requests in flight per worker for ``--duration`` seconds. Then
 each worker's requests are replayed at their observed send times into a fresh ``SimEngineCore``
-with the same profile, in virtual time (`bench.sim_accuracy_model`), and every request's observed
+with the same profile, in virtual time (`bench.sim_accuracy.model`), and every request's observed
 end-to-end latency and time to first token are compared with the modelled ones::
 
     python -m bench.sim_accuracy                      # 1, 8 and 32 workers x 16 streams, 10 s
@@ -36,17 +36,17 @@ import httpx
 import orjson
 
 from backends.sim.profile import WorkerProfile
-from bench.report import machine
-from bench.sim_accuracy_model import (
+from bench.common.paths import RESULTS_DIR
+from bench.common.report import machine
+from bench.common.stats import median
+from bench.sim_accuracy.model import (
     ObservedRequest,
     relative_errors,
     replay_worker,
     summarize,
 )
-from bench.stats import median
 from gateway.cli.localproc import ProcessGroup, free_port_range, python_module_argv, wait_http
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TARGET_E2E_P90_ABS = 0.05
 
 
@@ -76,7 +76,7 @@ def run_fleet(num_workers: int, plan: Plan, workdir: Path) -> dict[str, Any]:
             wait_http(f"http://127.0.0.1:{base_port + worker}/health", group=group)
         model = httpx.get(f"http://127.0.0.1:{base_port}/v1/models").json()["data"][0]["id"]
         argv = python_module_argv(
-            "bench.sim_accuracy_client", "--base-port", str(base_port),
+            "bench.sim_accuracy.client", "--base-port", str(base_port),
             "--workers", str(num_workers), "--concurrency", str(plan.concurrency),
             "--duration", str(plan.duration_s), "--seed", str(plan.seed), "--model", model,
             "--sim-pid", str(sim.pid), "--out", str(out))

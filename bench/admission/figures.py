@@ -35,10 +35,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bench.common.stats import percentile
 from bench.run.options import Slo
 from bench.run.spec import Record
 from bench.run.summary import error_kind, meets_slo
-from bench.stats import percentile
 
 REJECTED_STATUSES = (429, 503)
 

@@ -2,7 +2,7 @@
 
 Run it in its own process, so its CPU is not charged to the server under test::
 
-    python -m bench.loadgen --url http://127.0.0.1:8080/v1/chat/completions --key sy-... \\
+    python -m bench.common.loadgen --url http://127.0.0.1:8080/v1/chat/completions --key sy-... \\
         --mode open --rate 200 --duration 10 --json
 
 ``--watch NAME=PID`` (repeatable) also reports the CPU seconds each watched process used during
@@ -29,8 +29,8 @@ import aiohttp
 import orjson
 import uvloop
 
-from bench.procstat import busy_cpu_seconds, cpu_seconds_of
-from bench.stats import percentile
+from bench.common.procstat import busy_cpu_seconds, cpu_seconds_of
+from bench.common.stats import percentile
 
 Mode = Literal["closed", "open"]
 Arrivals = Literal["poisson", "uniform"]
@@ -228,7 +228,7 @@ def _parse_watch(items: list[str]) -> dict[str, int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench.loadgen", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.common.loadgen", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", required=True, help="the chat completions URL")
     parser.add_argument("--key", help="API key sent as 'Authorization: Bearer KEY'")

@@ -1,7 +1,7 @@
 """Issue 4: does the virtual-time simulator agree with the live bench? Same requests, both sides.
 
 For each profile (round_robin, prefix_affinity with the exact index, prefix_affinity with the
-approximate one) a fresh live fleet runs the shared-prefix workload as ``bench.routing_live``
+approximate one) a fresh live fleet runs the shared-prefix workload as ``bench.routing.live``
 runs it (``run_one``: redis, ``--workers`` sim workers joining through Redis, a gateway, open
 loop, the first ``--warmup`` seconds not counted). Then ``bench.vsim`` replays that run's own
 requests (the same prompts, output lengths and send times: ``bench.vsim.replay``) through the
@@ -14,13 +14,13 @@ the median per-request difference live - vsim TTFT is what the live path adds to
 (gateway, HTTP hops, the worker tokenizing the prompt, timer wake-ups). The main replays add it
 as ``SimConfig.dispatch_s``; the figures without it are kept too (``vsim_no_path``).
 
-**Rate.** 0.75 x round_robin's capacity as ``bench.routing_live`` calibrates it (closed loop),
+**Rate.** 0.75 x round_robin's capacity as ``bench.routing.live`` calibrates it (closed loop),
 unless ``--rate`` is given. On this 2-core machine, 8 workers at speed 1 fall behind their
 modelled step deadlines; ``--speed-factor`` (default 0.5) slows the simulated GPU (both sides),
 which lowers the rate and the CPU per second of traffic. Each live run reports its lateness.
 
-    flock /tmp/switchyard-bench.lock .venv/bin/python -m bench.vsim_agreement   # ~8 minutes
-    .venv/bin/python -m bench.vsim_agreement --quick   # smoke: 2 workers, 3 s runs
+    flock /tmp/switchyard-bench.lock .venv/bin/python -m bench.vsim.agreement   # ~8 minutes
+    .venv/bin/python -m bench.vsim.agreement --quick   # smoke: 2 workers, 3 s runs
 """
 
 from __future__ import annotations
@@ -36,16 +36,16 @@ from pathlib import Path
 from typing import Any
 
 from backends.sim.profile import WorkerProfile
-from bench.routing_live import PROFILES as LIVE_PROFILES
-from bench.routing_live import Settings, calibrate, main_kv_blocks, run_one
-from bench.routing_live_drive import Load
-from bench.routing_live_workloads import working_set_blocks
+from bench.common.stats import percentile
+from bench.routing.drive import Load
+from bench.routing.live import PROFILES as LIVE_PROFILES
+from bench.routing.live import Settings, calibrate, main_kv_blocks, run_one
+from bench.routing.workloads import working_set_blocks
 from bench.run.workloads import WorkloadOptions
-from bench.stats import percentile
 from bench.vsim.replay import LiveReplay, replay_requests
 from bench.vsim.sim import MODEL, SimConfig, Simulation
 
-# live profile (bench.routing_live) -> vsim profile (bench.vsim)
+# live profile (bench.routing.live) -> vsim profile (bench.vsim)
 PROFILES = {"round_robin": "round_robin", "prefix_affinity:exact": "prefix_affinity",
             "prefix_affinity:approx": "prefix_affinity_approx"}
 TOLERANCE = 0.10
@@ -53,7 +53,7 @@ TOLERANCE = 0.10
 
 def live_run(profile: str, load: Load, settings: Settings, kv_blocks: int | None, name: str
              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One ``bench.routing_live`` run in its own directory: its figures and request records."""
+    """One ``bench.routing.live`` run in its own directory: its figures and request records."""
     workdir = settings.workdir / name
     figures = run_one(replace(LIVE_PROFILES[profile], num_kv_blocks=kv_blocks), "shared-prefix",
                       load, replace(settings, workdir=workdir))
@@ -149,7 +149,7 @@ def table(results: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench.vsim_agreement", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.vsim.agreement", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--workers", type=int, default=8)
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         results[profile] = {"live": live, "vsim": vsim, "vsim_no_path": bare,
                             "compare": compare(live, vsim)}
     document = {
-        "config": {"command": " ".join(["python -m bench.vsim_agreement",
+        "config": {"command": " ".join(["python -m bench.vsim.agreement",
                                         *(argv if argv is not None else sys.argv[1:])]),
                    "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                    "num_workers": settings.num_workers, "num_groups": settings.num_groups,

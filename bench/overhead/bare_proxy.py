@@ -4,7 +4,7 @@ No auth, no Redis, no parsing, no metrics: it forwards the body to the upstream 
 answer (chunk by chunk for event streams). The overhead benchmark measures it beside the gateway
 so the cost of switchyard's own features is visible apart from the machine's::
 
-    python -m bench.bare_proxy --port 18080 --upstream http://127.0.0.1:19001
+    python -m bench.overhead.bare_proxy --port 18080 --upstream http://127.0.0.1:19001
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ async def _serve(host: str, port: int, upstream_url: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.bare_proxy", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.overhead.bare_proxy",
+                                     description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)

@@ -1,5 +1,6 @@
 """A benchmark fleet: a private redis-server, one mock engine, one gateway process, and a bare
-pass-through proxy (`bench.bare_proxy`) in front of the same engine as the floor to compare with.
+pass-through proxy (`bench.overhead.bare_proxy`) in front of the same engine as the floor to
+compare with.
 
 Example::
 
@@ -66,7 +67,7 @@ def bench_fleet(workdir: Path, model: str = MODEL) -> Iterator[BenchFleet]:
         wait_http(engine_url + "/health", group=group)
         floor_port = free_port()
         floor = group.spawn(
-            "bare-proxy", python_module_argv("bench.bare_proxy", "--port", str(floor_port),
+            "bare-proxy", python_module_argv("bench.overhead.bare_proxy", "--port", str(floor_port),
                                              "--upstream", engine_url),
         )
         floor_url = f"http://127.0.0.1:{floor_port}"

@@ -2,8 +2,8 @@
 
 Needs py-spy (``.venv/bin/pip install py-spy``) and permission to ptrace the gateway::
 
-    python -m bench.gateway_profile --load nonstream --duration 8
-    python -m bench.gateway_profile --load rate --native   # with C frames (uvloop, syscalls)
+    python -m bench.overhead.profile --load nonstream --duration 8
+    python -m bench.overhead.profile --load rate --native   # with C frames (uvloop, syscalls)
 
 Prints the top functions by own samples ("self") and by samples anywhere on the stack
 ("inclusive"), as shares of all samples taken while the gateway was on the CPU.
@@ -20,7 +20,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from bench.fleet import CHAT_PATH, bench_fleet
+from bench.overhead.fleet import CHAT_PATH, bench_fleet
 
 LOADS = {
     "nonstream": ["--mode", "closed", "--concurrency", "32", "--max-tokens", "16"],
@@ -80,7 +80,7 @@ def summarise(raw: str, top: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.gateway_profile", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.overhead.profile", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--load", choices=sorted(LOADS), default="nonstream")
     parser.add_argument("--endpoint", choices=("gateway", "floor"), default="gateway",
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         url, pid = ((fleet.gateway_url, fleet.gateway_pid) if args.endpoint == "gateway"
                     else (fleet.floor_url, fleet.floor_pid))
         load = subprocess.Popen([
-            sys.executable, "-m", "bench.loadgen", "--url", url + CHAT_PATH,
+            sys.executable, "-m", "bench.common.loadgen", "--url", url + CHAT_PATH,
             "--key", fleet.api_key, "--model", fleet.model, "--warmup", "100",
             "--duration", str(args.duration + 3), *LOADS[args.load],
         ], stdout=subprocess.DEVNULL)

@@ -1,0 +1,5 @@
+"""``python -m bench.overhead``: runs `bench.overhead.bench`."""
+
+from bench.overhead.bench import main
+
+raise SystemExit(main())

@@ -1,0 +1,5 @@
+"""``python -m bench.routing``: runs `bench.routing.live`."""
+
+from bench.routing.live import main
+
+raise SystemExit(main())

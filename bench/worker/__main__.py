@@ -1,0 +1,5 @@
+"""``python -m bench.worker``: runs `bench.worker.bench`."""
+
+from bench.worker.bench import main
+
+raise SystemExit(main())
