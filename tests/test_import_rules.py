@@ -40,7 +40,8 @@ FORBIDDEN = [
     pytest.param(("gateway",), ("bench",), id="gateway-never-imports-bench"),
     pytest.param(("backends",), ("gateway", "admission", "bench"),
                  id="backends-never-import-gateway"),
-    pytest.param(("backends/fleet",), (*ENGINES, "backends.engine_core", "torch"),
+    pytest.param(("backends/fleet",), (*ENGINES, "backends.engine_core", "backends.engine_http",
+                                       "torch"),
                  id="fleet-imports-no-engine"),
     pytest.param(("backends/engine_core",), (*PURE, *ENGINES, "backends.fleet"),
                  id="engine-core-is-pure"),
@@ -49,6 +50,8 @@ FORBIDDEN = [
                  id="sim-core-is-pure"),
     pytest.param(("backends/sim", "backends/mock"), ("backends.worker", "torch"),
                  id="sim-and-mock-never-import-the-worker"),
+    pytest.param(("backends/worker", "backends/mock"), ("backends.sim",),
+                 id="engines-share-only-engine-core-and-engine-http"),
 ]
 
 

@@ -4,18 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def error_type_for_status(status: int) -> str:
-    """The OpenAI ``error.type`` that goes with an HTTP status."""
-    if status == 401:
-        return "authentication_error"
-    if status == 403:
-        return "permission_error"
-    if status == 429:
-        return "rate_limit_error"
-    if status >= 500:
-        return "server_error"
-    return "invalid_request_error"
+from backends.engine_http import error_body
 
 
 class RequestError(Exception):
@@ -41,11 +30,4 @@ class RequestError(Exception):
         self.code = code
 
     def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": error_type_for_status(self.status),
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        return error_body(self.status, self.message, self.param, self.code)

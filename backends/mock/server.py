@@ -7,26 +7,32 @@ client that goes away cancels its handler and is counted as cancelled.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import orjson
 from aiohttp import web
 
+from backends.engine_http import (
+    DONE_EVENT,
+    HEALTH_BODY,
+    JSON_CONTENT_TYPE,
+    MAX_REQUEST_BODY_BYTES,
+    SSE_HEADERS,
+    add_openai_routes,
+    json_response,
+    models_page,
+    new_completion_id,
+)
 from backends.mock.config import MockEngineConfig
 from backends.mock.errors import RequestError
 from backends.mock.parse import CompletionRequest, parse_request
 from backends.mock.stats import METRICS_CONTENT_TYPE, MockStats, Outcome, render_metrics
-from backends.mock.wire import DONE_EVENT, response_body, stream_plan
+from backends.mock.wire import response_body, stream_plan
 
 CONFIG_KEY = web.AppKey("mock_config", MockEngineConfig)
 STATS_KEY = web.AppKey("mock_stats", MockStats)
 MODELS_BODY_KEY = web.AppKey("mock_models_body", bytes)
 
-MAX_REQUEST_BODY_BYTES = 64 * 1024 * 1024
-JSON_CONTENT_TYPE = "application/json"
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-HEALTH_BODY = orjson.dumps({"status": "ok"})
 
 
 def create_app(config: MockEngineConfig) -> web.Application:
@@ -35,25 +41,13 @@ def create_app(config: MockEngineConfig) -> web.Application:
     app[CONFIG_KEY] = config
     app[STATS_KEY] = MockStats()
     app[MODELS_BODY_KEY] = _models_body(config.models, created_s=int(time.time()))
-    app.router.add_post("/v1/chat/completions", _chat_completions)
-    app.router.add_post("/v1/completions", _completions)
-    app.router.add_get("/v1/models", _models)
-    app.router.add_get("/health", _health)
-    app.router.add_get("/metrics", _metrics)
+    add_openai_routes(app, _serve_completion, models=_models, health=_health, metrics=_metrics)
     app.router.add_get("/mock/stats", _mock_stats)
     app.router.add_post("/mock/reset", _mock_reset)
     return app
 
 
-async def _chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _serve_completion(request, is_chat=True)
-
-
-async def _completions(request: web.Request) -> web.StreamResponse:
-    return await _serve_completion(request, is_chat=False)
-
-
-async def _serve_completion(request: web.Request, *, is_chat: bool) -> web.StreamResponse:
+async def _serve_completion(request: web.Request, is_chat: bool) -> web.StreamResponse:
     stats = request.app[STATS_KEY]
     stats.start()
     outcome: Outcome = "completed"
@@ -116,7 +110,7 @@ async def _respond_whole(
     delay_ms = controls.first_token_delay_ms + req.max_tokens * controls.token_delay_ms
     if delay_ms > 0:
         await asyncio.sleep(delay_ms / 1000)
-    body = response_body(req, _completion_id(req), int(time.time()))
+    body = response_body(req, new_completion_id(req.is_chat), int(time.time()))
     return web.Response(body=body, content_type=JSON_CONTENT_TYPE), "completed"
 
 
@@ -125,7 +119,7 @@ async def _stream(
 ) -> tuple[web.StreamResponse, Outcome]:
     die_after_chunks = req.controls.die_after_chunks
     response = web.StreamResponse(headers=SSE_HEADERS)
-    plan = stream_plan(req, _completion_id(req), int(time.time()))
+    plan = stream_plan(req, new_completion_id(req.is_chat), int(time.time()))
     try:
         await response.prepare(request)
         for num_chunks_sent, (delay_s, event) in enumerate(plan):
@@ -150,21 +144,13 @@ def _abort(request: web.Request) -> None:
         request.transport.abort()
 
 
-def _completion_id(req: CompletionRequest) -> str:
-    return ("chatcmpl-" if req.is_chat else "cmpl-") + os.urandom(12).hex()
-
-
 def _error_response(error: RequestError) -> web.Response:
     body = orjson.dumps(error.body())
     return web.Response(status=error.status, body=body, content_type=JSON_CONTENT_TYPE)
 
 
 def _models_body(models: tuple[str, ...], *, created_s: int) -> bytes:
-    data = [
-        {"id": model, "object": "model", "created": created_s, "owned_by": "switchyard"}
-        for model in models
-    ]
-    return orjson.dumps({"object": "list", "data": data})
+    return orjson.dumps(models_page(models, created_s=created_s))
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -172,7 +158,7 @@ async def _models(request: web.Request) -> web.Response:
 
 
 async def _health(request: web.Request) -> web.Response:
-    return web.Response(body=HEALTH_BODY, content_type=JSON_CONTENT_TYPE)
+    return json_response(HEALTH_BODY)
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -8,11 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
-
+from backends.engine_http import completion_body, sse_event, stream_head
 from backends.mock.parse import CompletionRequest
-
-DONE_EVENT = b"data: [DONE]\n\n"
 
 
 def completion_text(req: CompletionRequest) -> str:
@@ -30,24 +27,8 @@ def usage(req: CompletionRequest) -> dict[str, Any]:
 
 def response_body(req: CompletionRequest, completion_id: str, created_s: int) -> bytes:
     """The whole non-streaming response, JSON-encoded."""
-    text = completion_text(req)
-    choice: dict[str, Any]
-    if req.is_chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}}
-    else:
-        choice = {"index": 0, "text": text}
-    choice["logprobs"] = None
-    choice["finish_reason"] = req.finish_reason
-    return orjson.dumps(
-        {
-            "id": completion_id,
-            "object": "chat.completion" if req.is_chat else "text_completion",
-            "created": created_s,
-            "model": req.model,
-            "choices": [choice],
-            "usage": usage(req),
-        }
-    )
+    return completion_body(req, completion_id, completion_text(req), usage(req),
+                           created_s=created_s, finish_reason=req.finish_reason)
 
 
 def stream_plan(
@@ -85,12 +66,7 @@ class StreamEvents:
 
     def __init__(self, req: CompletionRequest, completion_id: str, created_s: int) -> None:
         self._req = req
-        self._head: dict[str, Any] = {
-            "id": completion_id,
-            "object": "chat.completion.chunk" if req.is_chat else "text_completion",
-            "created": created_s,
-            "model": req.model,
-        }
+        self._head = stream_head(req, completion_id, created_s=created_s)
 
     def role(self) -> bytes:
         return self._event({"role": "assistant", "content": ""}, None)
@@ -106,7 +82,7 @@ class StreamEvents:
         """The usage-only final chunk, when the client asked for it."""
         if not self._req.is_usage_streamed:
             return []
-        return [_frame({**self._head, "choices": [], "usage": usage(self._req)})]
+        return [sse_event({**self._head, "choices": [], "usage": usage(self._req)})]
 
     def _event(self, delta_or_text: dict[str, str] | str, finish_reason: str | None) -> bytes:
         choice: dict[str, Any] = {"index": 0}
@@ -119,8 +95,5 @@ class StreamEvents:
         chunk = {**self._head, "choices": [choice]}
         if self._req.is_usage_streamed:
             chunk["usage"] = None
-        return _frame(chunk)
+        return sse_event(chunk)
 
-
-def _frame(chunk: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(chunk) + b"\n\n"

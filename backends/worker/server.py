@@ -3,7 +3,7 @@
 ``/v1/chat/completions`` and ``/v1/completions`` (stream and not, ``usage`` with
 ``prompt_tokens_details.cached_tokens``), ``/v1/models``, ``/health``, ``/metrics`` with vLLM's
 names (`backends.worker.metrics`), ``/worker/profile`` and ``POST /reset_prefix_cache``. The
-shell is the simulated worker's (``backends/sim/server.py``): the same errors, SSE framing and
+wire format is every engine's (`backends.engine_http`): the same errors, SSE framing and
 tracing spans (engine_queue, prefill, decode under the caller's ``traceparent``).
 
 Requests beyond the batch queue in the engine. Serve with ``handler_cancellation=True``
@@ -24,25 +24,34 @@ import os
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import orjson
 from aiohttp import web
 
-from backends.publisher import KvPublisher
-from backends.sim.server import (
+from backends.engine_http import (
     DONE_EVENT,
+    HEALTH_BODY,
+    MAX_REQUEST_BODY_BYTES,
     SSE_HEADERS,
-    _error,
-    _trace,
+    add_openai_routes,
     completion_body,
+    error_body,
+    error_response,
+    json_response,
+    models_page,
+    new_completion_id,
+    sse_event,
     stream_head,
+    trace_request,
     tracer,
 )
+from backends.publisher import KvPublisher
 from backends.worker.async_engine import AsyncEngine, RequestHandle
 from backends.worker.metrics import CONTENT_TYPE, WorkerMetrics
 from backends.worker.request import RequestError, WorkerRequest, parse_request
 
+SERVICE_NAME = "switchyard-worker"  # the spans' service.name unless OTEL_SERVICE_NAME sets one
 
 @dataclass(slots=True)
 class WorkerService:
@@ -81,16 +90,12 @@ def create_app(engine: AsyncEngine, *, model_name: str,
                profile: Mapping[str, Any] | None = None) -> web.Application:
     """The worker's app; its cleanup context runs the engine loop and, when the engine has a
     publisher, the heartbeats to Redis."""
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app = web.Application(client_max_size=MAX_REQUEST_BODY_BYTES)
     app[WORKER] = WorkerService(engine, model_name, dict(profile or {}), engine.publisher)
-    tracer()  # a bad OTEL_* setting fails at start, not on the first request
+    tracer(SERVICE_NAME)  # a bad OTEL_* setting fails at start, not on the first request
     app.cleanup_ctx.append(_run_engine)
     app.on_shutdown.append(_on_shutdown)
-    app.router.add_post("/v1/chat/completions", _chat)
-    app.router.add_post("/v1/completions", _completions)
-    app.router.add_get("/v1/models", _models)
-    app.router.add_get("/health", _health)
-    app.router.add_get("/metrics", _metrics)
+    add_openai_routes(app, _serve, models=_models, health=_health, metrics=_metrics)
     app.router.add_get("/worker/profile", _profile)
     app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)
     return app
@@ -129,51 +134,44 @@ async def _on_shutdown(app: web.Application) -> None:
     await app[WORKER].leave_fleet()
 
 
-async def _chat(request: web.Request) -> web.StreamResponse:
-    return await _serve(request, is_chat=True)
-
-
-async def _completions(request: web.Request) -> web.StreamResponse:
-    return await _serve(request, is_chat=False)
-
-
-async def _serve(request: web.Request, *, is_chat: bool) -> web.StreamResponse:
+async def _serve(request: web.Request, is_chat: bool) -> web.StreamResponse:
     worker = request.app[WORKER]
     engine = worker.engine
     started_ns = time.time_ns()
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
-        return _error(400, f"The request body is not valid JSON: {exc}")
+        return error_response(400, f"The request body is not valid JSON: {exc}")
     try:
         parsed = parse_request(body, is_chat=is_chat, models=(worker.model_name,),
                                tokenizer=engine.engine.tokenizer,
                                max_context_tokens=worker.max_context_tokens)
     except RequestError as exc:
-        return _error(exc.status, exc.message, exc.param, exc.code)
+        return error_response(exc.status, exc.message, exc.param, exc.code)
     request_id = request.headers.get("x-request-id") or os.urandom(8).hex()
     seq_id = f"{request_id}-{os.urandom(4).hex()}"
     try:
         handle = engine.submit(seq_id, parsed.prompt_ids, parsed.sampling, parsed.cache_salt)
     except ValueError as exc:
-        return _error(400, f"{exc}.", "messages" if is_chat else "prompt")
-    completion_id = ("chatcmpl-" if is_chat else "cmpl-") + os.urandom(12).hex()
+        return error_response(400, f"{exc}.", "messages" if is_chat else "prompt")
+    completion_id = new_completion_id(is_chat)
     try:
         if parsed.is_stream:
             return await _stream(request, parsed, handle, completion_id)
         try:
             _, text = await handle.wait_finished()
         except Exception as exc:
-            return _error(500, f"The engine failed while generating ({exc}); retry the "
-                          "request.")
-        return web.Response(body=_full_body(parsed, handle, text, completion_id),
-                            content_type="application/json")
+            return error_response(500, f"The engine failed while generating ({exc}); retry "
+                                  "the request.")
+        return json_response(_full_body(parsed, handle, text, completion_id))
     finally:
         engine.abort(seq_id)  # no-op once finished; frees the KV when the client went away
         worker.metrics.observe(handle.phases())
-        if (spans := tracer()) is not None:
-            # The simulator's spans; they read only phases() and finish_reason of the handle.
-            _trace(spans, request, parsed, cast(Any, handle), engine.worker_id, started_ns)
+        if (spans := tracer(SERVICE_NAME)) is not None:
+            trace_request(spans, request, is_chat=parsed.is_chat, model=parsed.model,
+                          max_tokens=parsed.max_tokens, phases=handle.phases(),
+                          finish_reason=handle.finish_reason, worker_id=engine.worker_id,
+                          started_ns=started_ns)
 
 
 def _usage(handle: RequestHandle) -> dict[str, Any]:
@@ -201,7 +199,7 @@ async def _stream(request: web.Request, parsed: WorkerRequest, handle: RequestHa
     def event(delta: Any, finish_reason: str | None = None, **extra: Any) -> bytes:
         choice = {"index": 0, ("delta" if parsed.is_chat else "text"): delta,
                   "logprobs": None, "finish_reason": finish_reason, **extra}
-        return b"data: " + orjson.dumps({**head, "choices": [choice], **usage_field}) + b"\n\n"
+        return sse_event({**head, "choices": [choice], **usage_field})
 
     is_finished = False
     while not is_finished:
@@ -209,9 +207,9 @@ async def _stream(request: web.Request, parsed: WorkerRequest, handle: RequestHa
         try:
             outputs = await handle.next_outputs()
         except Exception as exc:
-            error = {"message": f"The engine failed while generating ({exc}); retry the "
-                     "request.", "type": "server_error", "param": None, "code": None}
-            await out.write(b"data: " + orjson.dumps({"error": error}) + b"\n\n" + DONE_EVENT)
+            error = error_body(500, f"The engine failed while generating ({exc}); retry the "
+                               "request.")
+            await out.write(sse_event(error) + DONE_EVENT)
             break
         for output in outputs:
             if parsed.is_chat and output.is_first:  # with the first token: it times TTFT
@@ -225,7 +223,7 @@ async def _stream(request: web.Request, parsed: WorkerRequest, handle: RequestHa
                                    stop_reason=output.stop_reason))
                 if parsed.is_usage_streamed:
                     tail: dict[str, Any] = {**head, "choices": [], "usage": _usage(handle)}
-                    parts.append(b"data: " + orjson.dumps(tail) + b"\n\n")
+                    parts.append(sse_event(tail))
                 parts.append(DONE_EVENT)
         if parts:
             await out.write(b"".join(parts))  # outputs that piled up go in one write
@@ -235,17 +233,15 @@ async def _stream(request: web.Request, parsed: WorkerRequest, handle: RequestHa
 
 async def _models(request: web.Request) -> web.Response:
     worker = request.app[WORKER]
-    data = [{"id": worker.model_name, "object": "model", "created": 0, "owned_by": "switchyard",
-             "root": worker.model_name, "max_model_len": worker.max_context_tokens}]
-    return web.Response(body=orjson.dumps({"object": "list", "data": data}),
-                        content_type="application/json")
+    return json_response(models_page([worker.model_name],
+                                     max_model_len=worker.max_context_tokens))
 
 
 async def _health(request: web.Request) -> web.Response:
     task = request.app[WORKER].tasks.get("engine")
     if task is None or task.done():
-        return _error(503, "The engine loop is not running; restart the worker.")
-    return web.Response(body=b'{"status":"ok"}', content_type="application/json")
+        return error_response(503, "The engine loop is not running; restart the worker.")
+    return json_response(HEALTH_BODY)
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -259,10 +255,11 @@ async def _profile(request: web.Request) -> web.Response:
     engine = worker.engine
     body = {"worker_id": engine.worker_id, "profile": worker.profile, "load": engine.load(),
             "num_steps": engine.num_steps}
-    return web.Response(body=orjson.dumps(body), content_type="application/json")
+    return json_response(body)
 
 
 async def _reset_prefix_cache(request: web.Request) -> web.Response:
     if not await request.app[WORKER].engine.reset_prefix_cache():
-        return _error(409, "Requests are holding KV blocks; retry when the worker is idle.")
-    return web.Response(body=b'{"reset":true}', content_type="application/json")
+        return error_response(409, "Requests are holding KV blocks; retry when the worker is "
+                              "idle.", code="busy")
+    return json_response(b'{"reset":true}')

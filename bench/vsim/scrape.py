@@ -36,7 +36,7 @@ import aiohttp
 from backends.fleet.registry import Backend, BackendRegistry
 from backends.fleet.sync import FleetSync
 from backends.sim.core import SimEngineCore
-from backends.sim.server import core_metrics_lines, models_page
+from backends.sim.server import core_metrics_lines, sim_models_page
 
 
 class EnginePages(FleetSync):
@@ -73,7 +73,7 @@ class EnginePages(FleetSync):
         if path == "/metrics":
             return metrics_page(core)
         if path == "/v1/models":
-            return models_page(core)
+            return sim_models_page(core)
         return None  # the sim answers 404 to other engines' pages
 
 
