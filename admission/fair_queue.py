@@ -151,7 +151,7 @@ class FairQueue:
         ``max_priority`` leaves tiers of a larger priority number waiting (the fleet's last
         free slots are held for higher tiers: ``admission.headroom``); their share credit
         still accrues. ``tier`` takes the next entry of that tier alone, in its fair order
-        (the gateway's floor of batch slots for a backlogged lower tier: ``gateway.slo``);
+        (the floor of batch slots for a backlogged lower tier: ``admission.waiting_room``);
         it spends the tier's share credit like any lower-tier dispatch."""
         self._expired.extend(self._take_expired(now_s))
         waiting = [level for level in self._levels.values() if level.fair.num_live]

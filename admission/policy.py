@@ -52,6 +52,17 @@ from routing.fit import free_kv_tokens, needed_kv_tokens
 from routing.types import BackendState, FleetSnapshot, PrefixMatch
 
 Action = Literal["admit", "queue", "reject"]
+# Why a decision went the way it did: a bounded set, for metric labels and clients' logs.
+Reason = Literal[
+    "admitted",         # the quickest backend's predicted TTFT meets the tier's target
+    "queued_ahead",     # requests of this or a higher tier are queued ahead
+    "held_for_higher",  # the last free slots are kept for higher tiers' expected arrivals
+    "saturated",        # no backend has a free slot and KV for the request
+    "slo_miss",         # the predicted TTFT exceeds the tier's target
+    "deadline",         # the tier's queue deadline passed (before queueing or in the queue)
+    "queue_full",       # the admission queue has no room
+    "no_backend",       # no healthy backend serves the model
+]
 
 
 class TtftEstimator(Protocol):
@@ -93,7 +104,8 @@ class Decision:
     """The verdict. ``retry_after_s`` is set on reject, ``deadline_s`` on queue."""
 
     action: Action
-    reason: str
+    reason: str  # for people: what happened and the figures behind it
+    code: Reason = "admitted"
     predicted_ttft_s: float | None = None  # on the quickest backend
     retry_after_s: float | None = None
     deadline_s: float | None = None
@@ -183,7 +195,8 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
                   if b.is_healthy and (request.model is None or request.model in b.models)]
     if not candidates:
         what = f"model {request.model!r}" if request.model else "this request"
-        return _overload(request, arrival_s, now_s, config, f"no healthy backend serves {what}")
+        return _overload(request, arrival_s, now_s, config, f"no healthy backend serves {what}",
+                         "no_backend")
     worst_queued = max(b.num_queued_prefill_tokens for b in candidates)
     best_s = float("inf")
     best: BackendState = candidates[0]
@@ -212,7 +225,7 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
     if expected_s <= tier.ttft_slo_s and has_capacity and not num_queued_ahead:
         # The common case, decided without the idle predictions: the target is at least the
         # SLO, so meeting the SLO meets it.
-        return Decision("admit", _ADMIT_REASON, best_s, backend=best.name)
+        return Decision("admit", _ADMIT_REASON, "admitted", best_s, backend=best.name)
     idle_s = min(predictor.predict_s(b, TtftFeatures(0, uncached))
                  for b, uncached in uncached_by_backend)
     target_s = max(tier.ttft_slo_s, idle_s * (1 + config.oversize_slack))
@@ -220,14 +233,15 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
         if num_queued_ahead > 0 and tier.on_overload != "reject":
             reason = (f"{num_queued_ahead} request(s) of this or a higher tier are queued "
                       "ahead")
-            return _overload(request, arrival_s, now_s, config, reason, best_s, best.name,
-                             idle_s=idle_s)
-        return Decision("admit", _ADMIT_REASON, best_s, backend=best.name)
+            return _overload(request, arrival_s, now_s, config, reason, "queued_ahead", best_s,
+                             best.name, idle_s=idle_s)
+        return Decision("admit", _ADMIT_REASON, "admitted", best_s, backend=best.name)
     if not has_capacity:
         reason = (f"the fleet's last free batch slots (up to {reserved_slots}) are held for "
                   "higher tiers' expected arrivals" if held_for_higher else
                   f"fleet saturated: no backend has <= {config.max_waiting} waiting requests, "
                   "a free batch slot and KV for the request")
+        code: Reason = "held_for_higher" if held_for_higher else "saturated"
         head_deadline_s = arrival_s + tier.ttft_slo_s - idle_s
         if tier.on_overload == "reject" and head_deadline_s > now_s:
             # Saturated: this request goes ahead of every lower tier in the gateway's queue
@@ -235,16 +249,17 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
             # as long as that stays true; past that it is rejected (503) before any upstream
             # work. (Its own tier's queue ahead of it is bounded by the same deadline.)
             return Decision("queue", f"{reason}; at the head of the queue for up to "
-                            f"{head_deadline_s - now_s:.3g} s", best_s,
+                            f"{head_deadline_s - now_s:.3g} s", code, best_s,
                             deadline_s=head_deadline_s, backend=best.name)
     else:
         reason = (f"predicted TTFT {expected_s:.3g} s (quickest: {best.name}) exceeds the "
                   f"{tier.name} tier's {target_s:.3g} s target")
+        code = "slo_miss"
     excess_s = best_s - target_s
     if not has_capacity:
         excess_s = max(excess_s, time_to_start_s(num_queued_ahead + reserved_slots,
                                                  slot_free_rate_per_s))
-    return _overload(request, arrival_s, now_s, config, reason, best_s, best.name,
+    return _overload(request, arrival_s, now_s, config, reason, code, best_s, best.name,
                      excess_s=excess_s, idle_s=idle_s)
 
 
@@ -263,17 +278,18 @@ def reject_expired(tier: Tier, arrival_s: float, now_s: float,
     time its tier's queue ahead of it needs to start (``time_to_start_s``)."""
     return Decision("reject", f"waited {now_s - arrival_s:.3g} s in the {tier.name} tier's "
                     f"queue, its limit is {tier.max_wait_s:.3g} s; the fleet is overloaded",
-                    retry_after_s=_retry_after_s(
+                    "deadline", retry_after_s=_retry_after_s(
                         time_to_start_s(num_queued_ahead, slot_free_rate_per_s), config))
 
 
 def _overload(request: AdmissionRequest, arrival_s: float, now_s: float,
-              config: PolicyConfig, reason: str, predicted_s: float | None = None,
+              config: PolicyConfig, reason: str, code: Reason,
+              predicted_s: float | None = None,
               backend: str | None = None, excess_s: float = 0.0,
               idle_s: float = 0.0) -> Decision:
     tier = request.tier
     if tier.on_overload == "reject":
-        return Decision("reject", f"{reason}; the {tier.name} tier does not queue",
+        return Decision("reject", f"{reason}; the {tier.name} tier does not queue", code,
                         predicted_s, retry_after_s=_retry_after_s(excess_s, config),
                         backend=backend)
     deadline_s = tier.queue_deadline_s(arrival_s)
@@ -282,9 +298,9 @@ def _overload(request: AdmissionRequest, arrival_s: float, now_s: float,
         deadline_s = min(deadline_s, arrival_s + tier.ttft_slo_s - idle_s)
     if deadline_s <= now_s:
         return Decision("reject", f"{reason}; the {tier.name} tier's queue deadline has passed",
-                        predicted_s, retry_after_s=_retry_after_s(excess_s, config),
+                        "deadline", predicted_s, retry_after_s=_retry_after_s(excess_s, config),
                         backend=backend)
-    return Decision("queue", f"{reason}; queued for up to {deadline_s - now_s:.3g} s",
+    return Decision("queue", f"{reason}; queued for up to {deadline_s - now_s:.3g} s", code,
                     predicted_s, deadline_s=deadline_s, backend=backend)
 
 

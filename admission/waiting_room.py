@@ -1,22 +1,32 @@
-"""SLO-class admission in the gateway: admit, queue fairly, or reject early.
+"""SLO-class admission: admit, queue fairly, or refuse early; the waiting room for overload.
 
 The decision is ``admission.policy.decide`` (pure) on the same fleet snapshot routing uses.
 Queued requests wait here, in ``admission.FairQueue`` (strict priority across tiers with a
 guaranteed share for lower ones, token-weighted fairness across tenants within a tier), and a
 dispatcher releases them while the fleet has capacity, so overload waits in the gateway, where
 it can be ordered, instead of in the workers' FIFO queues. A request whose deadline passes in
-the queue is answered 503 before any upstream work; a client that leaves is dropped from the
+the queue is refused before any upstream work; a client that leaves is dropped from the
 queue. The TTFT predictor learns from every streamed first token.
 
-The snapshot admission decides on is corrected for the streams this gateway saw end after a
-worker's last heartbeat was made (``admission.finishes``): without that, a slot held free for
+The snapshot admission decides on is corrected for the streams seen to end after a worker's
+last heartbeat was made (``admission.finishes``): without that, a slot held free for
 interactive traffic looked busy for up to a heartbeat interval after each registry poll.
+
+What it needs of the fleet is ``FleetView`` (the gateway's router is one); of a request,
+``Admissible`` (the gateway's ``RoutePlan`` is one); of its sender, ``Caller``. It imports
+nothing of the gateway: a refusal is an ``AdmissionRefused`` with a reason code, which the
+gateway answers as its 503.
 
 Example::
 
-    slo = SloAdmission(settings.tiers, router)
-    tier = slo.tier_for(principal, request.headers.get("x-switchyard-tier"))
-    await slo.admit(tier, principal, plan, request_id)     # returns, or raises APIError 503
+    slo = SloAdmission(tiers, router)
+    tier = slo.tier_for(tenant_tier, key_tier, requested)  # raises admission.tiers.TierError
+    admitted = await slo.admit(tier, tenant, plan, request_id)  # or raises AdmissionRefused
+    try:
+        ...  # route on admitted.snapshot; at a stream's first token:
+        slo.observe_first_token(admitted, backend, snapshot, uncached_tokens, ttft_s)
+    finally:
+        slo.finished(admitted, actual_tokens)
 """
 
 from __future__ import annotations
@@ -25,13 +35,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
 
 from admission.fair_queue import FairQueue, FairQueueConfig, QueueEntry
 from admission.finishes import RecentFinishes
 from admission.headroom import ArrivalRates, reserved_slots
 from admission.policy import (
     AdmissionRequest,
+    Reason,
     decide,
     fleet_free_slots,
     fleet_has_capacity,
@@ -40,28 +53,75 @@ from admission.policy import (
 from admission.predictor import TtftPredictor, snapshot_features
 from admission.retry_book import RetryBook, retry_key
 from admission.sfq import charge_of
-from admission.tiers import (
-    Tier,
-    TierConfig,
-    TierConfigError,
-    TierNotAllowedError,
-    UnknownTierError,
-    resolve_tier,
-    tier_table,
-)
-from gateway.auth import Principal
-from gateway.errors import APIError
-from gateway.observe.metrics import counter_family, gauge_family
-from gateway.router import RoutePlan, Router
-from routing.types import FleetSnapshot
+from admission.tiers import Tier, TierConfig, resolve_tier, tier_table
+from routing.types import FleetSnapshot, RouteRequest
 
 log = logging.getLogger(__name__)
-TIER_HEADER = "x-switchyard-tier"
 _ENDS = "all"  # the one key of SloAdmission.ends
 
 
+class FleetView(Protocol):
+    """The fleet as routing sees it (the gateway's ``Router``; the simulator's own)."""
+
+    def fleet_snapshot(self, now_s: float) -> FleetSnapshot: ...
+
+    def snapshot(self, request: RouteRequest, now_s: float) -> FleetSnapshot: ...
+
+    def num_running_reported(self, backend: str) -> int | None:
+        """What the engine last reported running (None: no such backend)."""
+        ...
+
+
+class Admissible(Protocol):
+    """A request as admission judges it: what routing knows of it and the tokens it may use."""
+
+    @property
+    def request(self) -> RouteRequest: ...
+
+    @property
+    def reserved_tokens(self) -> int: ...
+
+
+class Caller(Protocol):
+    """Whose request it is: the tenant's id and its weight in its tier's fair share."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def weight(self) -> float: ...
+
+
+@dataclass(slots=True)
+class Admitted:
+    """One request's passage through admission, handed back at its first token and its end.
+
+    ``snapshot`` is the corrected fleet the decision saw (routing reuses it; None when
+    admission did not look); ``tier`` is set while it counts as running in its tier."""
+
+    tenant: str
+    snapshot: FleetSnapshot | None = None
+    snapshot_taken_s: float = 0.0
+    tier: str | None = None
+    charged_tokens: int = 0
+    backend: str | None = None  # where its stream got its first token
+
+
+class AdmissionRefused(Exception):
+    """The request may not go upstream now: ``code`` says why (a bounded label), ``reason``
+    says it with figures, ``retry_after_s`` when to come back."""
+
+    def __init__(self, tier: Tier, code: Reason, reason: str,
+                 retry_after_s: float | None) -> None:
+        super().__init__(reason)
+        self.tier = tier
+        self.code = code
+        self.reason = reason
+        self.retry_after_s = max(1, round(retry_after_s or 1))
+
+
 class SloAdmission:
-    def __init__(self, tiers: Iterable[Tier | TierConfig], router: Router, *,
+    def __init__(self, tiers: Iterable[Tier | TierConfig], fleet: FleetView, *,
                  is_enabled: bool = True, tick_s: float = 0.01,
                  queue_config: FairQueueConfig | None = None, headroom_factor: float = 0.5,
                  headroom_max_share: float = 0.25) -> None:
@@ -70,96 +130,80 @@ class SloAdmission:
         self.arrivals = ArrivalRates()
         self.headroom_factor = headroom_factor
         self.headroom_max_share = headroom_max_share
-        self.router = router
+        self.fleet = fleet
         self.is_enabled = is_enabled
         self.queue = FairQueue(self.tiers.values(), queue_config)
         self.predictor = TtftPredictor()
         self.finishes = RecentFinishes()
         self.ends = ArrivalRates(tau_s=5.0)  # requests ending: how fast slots free (Retry-After)
         self.starts = ArrivalRates(tau_s=5.0)  # requests admitted, per tier (retry booking)
-        # The backend each streaming request got its first token from, by the handler's task
-        # (``observe_first_token`` and ``finished`` run in it): to record where a stream ended.
-        self._stream_backends: dict[asyncio.Task[object], str] = {}
         self._waiters: dict[str, asyncio.Future[None]] = {}
-        # Requests admitted and not yet finished, per tier, and each one's tier and the tokens
-        # its tenant was charged for it, by the handler's task (``admit`` and ``finished`` run
-        # in it): the floor of batch slots a backlogged lower tier is owed (``owed_tier``),
-        # and the charge ``finished`` settles (a refused request was charged nothing).
+        # Requests admitted and not yet finished, per tier: the floor of batch slots a
+        # backlogged lower tier is owed (``owed_tier``).
         self.num_running_by_tier: dict[str, int] = dict.fromkeys(self.tiers, 0)
-        self._running_tiers: dict[asyncio.Task[object], tuple[str, int]] = {}
         self.lower_tier_share = (queue_config or FairQueueConfig()).lower_tier_share
         self.retries = RetryBook()  # refusals' booked returns (admission/retry_book.py)
         self._wakeup = asyncio.Event()
         self._tick_s = tick_s
-        self.num_rejected: dict[str, int] = {}
+        self.num_rejected: dict[Reason, int] = {}
         self.num_queued = 0
 
     # -- per request ----------------------------------------------------------------------
-    def tier_for(self, principal: Principal, requested: str | None) -> Tier:
-        try:
-            return resolve_tier(self.tiers, principal.tenant.tier, principal.key.tier, requested)
-        except UnknownTierError as exc:
-            raise APIError.bad_request(str(exc), param=TIER_HEADER, code="unknown_tier") from None
-        except TierNotAllowedError as exc:
-            raise APIError.forbidden(str(exc), code="tier_not_allowed",
-                                     param=TIER_HEADER) from None
-        except TierConfigError as exc:
-            raise APIError(500, f"Gateway misconfiguration: {exc}", type="server_error",
-                           code="tier_misconfigured") from None
+    def tier_for(self, tenant_tier: str, key_tier: str | None, requested: str | None) -> Tier:
+        """The tier a request runs in (``admission.tiers.resolve_tier``; raises its errors)."""
+        return resolve_tier(self.tiers, tenant_tier, key_tier, requested)
 
-    async def admit(self, tier: Tier, principal: Principal, plan: RoutePlan,
-                    request_id: str, body: bytes | None = None) -> None:
-        """Return when the request may go upstream; raise APIError 503 when it may not.
+    async def admit(self, tier: Tier, caller: Caller, plan: Admissible, request_id: str,
+                    body: bytes | None = None) -> Admitted:
+        """Return when the request may go upstream, with the snapshot it was admitted on;
+        raise ``AdmissionRefused`` when it may not.
 
         ``body``: the request's bytes, which with the tenant identify it when it comes back
         after a refusal's ``Retry-After`` (``admission.retry_book``): a request back in time
         goes to the front of its tier's queue."""
+        admitted = Admitted(caller.id)
         if not self.is_enabled:
-            return
-        plan.needs_free_slot = True
+            return admitted
+        route = plan.request
         now_s = time.monotonic()
         # The body is hashed only when some ticket is out or the request is refused.
-        key = (retry_key(principal.tenant.id, body)
+        key = (retry_key(caller.id, body)
                if body is not None and len(self.retries) else None)
         is_returning = key is not None and self.retries.redeem(key, now_s) is not None
-        snapshot = self._snapshot(now_s, plan)
+        snapshot = self._snapshot(now_s, route)
         if not any(b.is_healthy for b in snapshot.backends):
-            return  # nothing to wait for: routing answers 503 no_healthy_backend at once
-        request = AdmissionRequest(tier=tier, tenant=principal.tenant.id,
-                                   prompt_tokens=plan.request.num_prompt_tokens,
-                                   model=plan.request.model, arrival_s=now_s,
-                                   max_tokens=plan.request.max_tokens)
+            return admitted  # nothing to wait for: routing answers 503 no_healthy_backend
+        request = AdmissionRequest(tier=tier, tenant=caller.id,
+                                   prompt_tokens=route.num_prompt_tokens, model=route.model,
+                                   arrival_s=now_s, max_tokens=route.max_tokens)
         self.arrivals.arrived(tier.name, now_s)
         decision = decide(request, snapshot, self.predictor, now_s,
                           num_queued_ahead=self.queue.num_ahead(tier) if len(self.queue) else 0,
-                          reserved_slots=self.reserved_slots(tier, snapshot, now_s,
-                                                             plan.request.model)
+                          reserved_slots=self.reserved_slots(tier, snapshot, now_s, route.model)
                           + self.owed_slots_below(tier, snapshot),
                           slot_free_rate_per_s=self.ends.rate(_ENDS, now_s))
         if decision.action == "admit":
-            plan.snapshot = snapshot  # routing reuses it: no second snapshot
-            plan.snapshot_taken_s = now_s
+            admitted.snapshot, admitted.snapshot_taken_s = snapshot, now_s
             # Charged to the tenant's fair order as a dispatch is (bounded): the moments the
             # tier's queue runs empty under overload otherwise go free to whoever sends most.
-            self._started(tier, self.queue.charge_direct(
-                principal.tenant.id, plan.reserved_tokens, tier.name, principal.tenant.weight))
-            return
+            self._started(admitted, tier, self.queue.charge_direct(
+                caller.id, plan.reserved_tokens, tier.name, caller.weight))
+            return admitted
         deadline_s = decision.deadline_s
         if is_returning:
             # Back when its refusal said: it waits at the front of its tier, for its tier's
             # usual wait (a tier that never queues: its TTFT SLO), whatever the prediction.
             deadline_s = now_s + max(tier.max_wait_s, tier.ttft_slo_s)
         elif decision.action == "reject":
-            self._reject_count(decision.reason)
-            raise self._refused(tier, decision.reason, decision.retry_after_s,
-                                principal, body, now_s)
-        entry = QueueEntry(entry_id=request_id, tenant=principal.tenant.id, tier=tier.name,
+            raise self._refused(tier, decision.code, decision.reason, decision.retry_after_s,
+                                caller.id, body, now_s)
+        entry = QueueEntry(entry_id=request_id, tenant=caller.id, tier=tier.name,
                            cost_tokens=plan.reserved_tokens, arrival_s=now_s,
-                           deadline_s=deadline_s, weight=principal.tenant.weight)
+                           deadline_s=deadline_s, weight=caller.weight)
         if request_id in self.queue or not self.queue.push(entry, now_s,
                                                            is_front=is_returning):
-            self._reject_count("queue full")
-            raise self._refused(tier, "the admission queue is full", 1.0, principal, body, now_s)
+            raise self._refused(tier, "queue_full", "the admission queue is full", 1.0,
+                                caller.id, body, now_s)
         self.num_queued += 1
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = waiter
@@ -167,70 +211,65 @@ class SloAdmission:
         try:
             await waiter
         except _Expired as expired:
-            raise self._refused(tier, expired.reason, expired.retry_after_s, principal, body,
-                                time.monotonic()) from None
+            raise self._refused(tier, "deadline", expired.reason, expired.retry_after_s,
+                                caller.id, body, time.monotonic()) from None
         finally:
             self._waiters.pop(request_id, None)
             self.queue.remove(request_id)  # no-op once dispatched; the client may have left
         # Routing runs before the handler's next await and reuses this (the corrected figures).
         now_s = time.monotonic()
-        plan.snapshot = self._snapshot(now_s, plan)
-        plan.snapshot_taken_s = now_s
-        self._started(tier, charge_of(plan.reserved_tokens))  # what the dispatch charged
+        admitted.snapshot, admitted.snapshot_taken_s = self._snapshot(now_s, route), now_s
+        self._started(admitted, tier, charge_of(plan.reserved_tokens))  # what dispatch charged
+        return admitted
 
-    def _refused(self, tier: Tier, reason: str, retry_after_s: float | None,
-                 principal: Principal, body: bytes | None, now_s: float) -> APIError:
-        """The 503 for a refusal, its return booked when the request can be known again."""
+    def _refused(self, tier: Tier, code: Reason, reason: str, retry_after_s: float | None,
+                 tenant: str, body: bytes | None, now_s: float) -> AdmissionRefused:
+        """The refusal, counted, its return booked when the request can be known again."""
+        self.num_rejected[code] = self.num_rejected.get(code, 0) + 1
         if body is not None:
-            key = retry_key(principal.tenant.id, body)
+            key = retry_key(tenant, body)
             # Returns are booked against how fast this tier's requests start lately (they
             # leave the front of its queue no faster); the fleet's ends before any started.
             rate = self.starts.rate(tier.name, now_s) or self.ends.rate(_ENDS, now_s)
             retry_after_s = self.retries.issue(key, tier.name, now_s, retry_after_s or 1.0,
                                                rate_per_s=rate)
-        return _overloaded(tier, reason, retry_after_s)
+        return AdmissionRefused(tier, code, reason, retry_after_s)
 
-    def _started(self, tier: Tier, charged_tokens: int) -> None:
+    def _started(self, admitted: Admitted, tier: Tier, charged_tokens: int) -> None:
         self.starts.arrived(tier.name, time.monotonic())
-        task = _current_task()
-        if task is not None:
-            self._running_tiers[task] = (tier.name, charged_tokens)
-            self.num_running_by_tier[tier.name] += 1
+        admitted.tier, admitted.charged_tokens = tier.name, charged_tokens
+        self.num_running_by_tier[tier.name] += 1
 
-    def _snapshot(self, now_s: float, plan: RoutePlan | None = None) -> FleetSnapshot:
+    def _snapshot(self, now_s: float, request: RouteRequest | None = None) -> FleetSnapshot:
         """The fleet as routing sees it, less the streams seen ending after each heartbeat."""
-        snapshot = (self.router.fleet_snapshot(now_s) if plan is None
-                    else self.router.snapshot(plan.request, now_s))
-        return self.finishes.correct(snapshot, self._reported_running)
+        snapshot = (self.fleet.fleet_snapshot(now_s) if request is None
+                    else self.fleet.snapshot(request, now_s))
+        return self.finishes.correct(snapshot, self.fleet.num_running_reported)
 
-    def _reported_running(self, name: str) -> int | None:
-        backend = self.router.registry.get(name)
-        return None if backend is None else backend.num_running_reported
-
-    def observe_first_token(self, backend: str, snapshot: FleetSnapshot | None,
-                            uncached_tokens: int, ttft_s: float) -> None:
+    def observe_first_token(self, admitted: Admitted | None, backend: str,
+                            snapshot: FleetSnapshot | None, uncached_tokens: int,
+                            ttft_s: float) -> None:
+        """A stream's first token came from ``backend`` after ``ttft_s``: the predictor learns
+        from it, and the stream's end will be recorded there."""
         if snapshot is not None:
             features = snapshot_features(snapshot, backend, uncached_tokens)
             self.predictor.observe(backend, features, ttft_s)
-        task = _current_task()
-        if self.is_enabled and task is not None:
-            self._stream_backends[task] = backend
+        if self.is_enabled and admitted is not None:
+            admitted.backend = backend
 
-    def finished(self, tenant: str, actual_tokens: int) -> None:
+    def finished(self, admitted: Admitted | None, actual_tokens: int) -> None:
         """Settle the queue's charge for an admitted request to its actual tokens (one that
-        was refused or expired was charged nothing, and gets nothing back) and let the
-        dispatcher look again. Called for every request ``admit`` saw, admitted or not."""
-        task = _current_task()
-        backend = self._stream_backends.pop(task, None) if task is not None else None
-        running = self._running_tiers.pop(task, None) if task is not None else None
+        was refused or expired, ``admitted`` None, was charged nothing and gets nothing back)
+        and let the dispatcher look again. Called for every request ``admit`` saw."""
         now_s = time.monotonic()
-        if backend is not None:
-            self.finishes.record(backend, now_s)
+        if admitted is not None and admitted.backend is not None:
+            self.finishes.record(admitted.backend, now_s)
         self.ends.arrived(_ENDS, now_s)
-        if running is not None:
-            running_tier, charged_tokens = running
-            self.num_running_by_tier[running_tier] -= 1
-            self.queue.charge(tenant, actual_tokens - charged_tokens, running_tier)
+        if admitted is not None and admitted.tier is not None:
+            self.num_running_by_tier[admitted.tier] -= 1
+            self.queue.charge(admitted.tenant, actual_tokens - admitted.charged_tokens,
+                              admitted.tier)
+            admitted.tier = None  # settled once
         if self.is_enabled and len(self.queue):
             self._wakeup.set()
 
@@ -262,7 +301,6 @@ class SloAdmission:
                 decision = reject_expired(tier, entry.arrival_s, now_s,
                                           num_queued_ahead=self.queue.num_ahead(tier),
                                           slot_free_rate_per_s=self.ends.rate(_ENDS, now_s))
-                self._reject_count("deadline passed in the queue")
                 waiter.set_exception(_Expired(decision.reason, decision.retry_after_s))
         # One release per pass: the released handler routes (and counts itself in flight on
         # its backend) before the next pass looks at the fleet again.
@@ -367,36 +405,6 @@ class SloAdmission:
             allowed = tier.priority
         return allowed
 
-    def _reject_count(self, reason: str) -> None:
-        key = _reason_label(reason)
-        self.num_rejected[key] = self.num_rejected.get(key, 0) + 1
-
-    def collect_metrics(self) -> Iterator[object]:
-        """Queue lengths, rejections by reason, the predictor's error: read at scrape time."""
-        yield gauge_family("switchyard_admission_queue_length",
-                           "Requests waiting in the gateway's admission queue.", "tier",
-                           {name: float(n) for name, n in self.queue.lengths().items()})
-        yield counter_family("switchyard_admission_rejections",
-                             "Requests refused by SLO admission, by reason.", "reason",
-                             {k: float(v) for k, v in self.num_rejected.items()})
-        yield counter_family("switchyard_admission_queued",
-                             "Requests that waited in the admission queue.", None,
-                             float(self.num_queued))
-        yield counter_family("switchyard_admission_retry_tickets_issued",
-                             "Refusals whose return was booked (admission/retry_book.py).",
-                             None, float(self.retries.num_issued))
-        yield counter_family("switchyard_admission_retry_tickets_redeemed",
-                             "Refused requests that came back in their booked window and "
-                             "waited at the front of their tier's queue.", None,
-                             float(self.retries.num_redeemed))
-        errors = self.predictor.error_stats()
-        yield gauge_family("switchyard_ttft_predictor_mape",
-                           "Mean absolute percentage error of recent TTFT predictions.", None,
-                           errors.mape)
-        yield gauge_family("switchyard_ttft_predictor_bias_seconds",
-                           "Mean predicted minus observed TTFT over recent predictions.", None,
-                           errors.bias_s)
-
 
 class _Expired(Exception):
     """Handed to a queued request's waiter when its deadline passed in the queue."""
@@ -405,31 +413,3 @@ class _Expired(Exception):
         super().__init__(reason)
         self.reason = reason
         self.retry_after_s = retry_after_s
-
-
-def _current_task() -> asyncio.Task[object] | None:
-    try:
-        return asyncio.current_task()
-    except RuntimeError:  # no running loop (a synchronous caller)
-        return None
-
-
-def _reason_label(reason: str) -> str:
-    """A bounded label for a free-text reason."""
-    for needle, label in (("queue is full", "queue_full"), ("deadline", "deadline"),
-                          ("saturated", "saturated"), ("exceeds", "slo_miss"),
-                          ("no healthy", "no_backend")):
-        if needle in reason:
-            return label
-    return "other"
-
-
-def _overloaded(tier: Tier, reason: str, retry_after_s: float | None) -> APIError:
-    retry_s = max(1, round(retry_after_s or 1))
-    return APIError(
-        503,
-        f"The fleet cannot serve this {tier.name!r}-tier request within its SLO right now "
-        f"({reason}); retry after {retry_s} s or use a lower tier.",
-        type="service_unavailable", code="overloaded",
-        headers={"Retry-After": str(retry_s), "retry-after-ms": str(retry_s * 1000)},
-    )

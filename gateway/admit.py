@@ -1,4 +1,6 @@
-"""Per-request quota admission in the gateway: acquire before routing, settle when done.
+"""Per-request admission in the gateway: quotas (acquire before routing, settle when done),
+then SLO admission (``admission.waiting_room``), whose tier errors and refusals become the
+gateway's 400 / 403 / 503.
 
 One Redis round trip per admitted request (``QuotaStore.acquire``, a single Lua script), none
 for a tenant without limits. The settlement (lease release and token refund) is queued without
@@ -22,11 +24,45 @@ import re
 from dataclasses import dataclass, field
 
 from admission.quota.types import QuotaStoreLike
+from admission.tiers import (
+    TIER_HEADER,
+    Tier,
+    TierConfigError,
+    TierNotAllowedError,
+    UnknownTierError,
+)
+from admission.waiting_room import AdmissionRefused, SloAdmission
 from gateway.auth import Principal
 from gateway.errors import APIError
 from gateway.router import RoutePlan
 
 _USAGE_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+
+
+def tier_for(slo: SloAdmission, principal: Principal, requested: str | None) -> Tier:
+    """The tier the request runs in: the tenant's (narrowed by the key's), or the lower one
+    it asked for in ``x-switchyard-tier``."""
+    try:
+        return slo.tier_for(principal.tenant.tier, principal.key.tier, requested)
+    except UnknownTierError as exc:
+        raise APIError.bad_request(str(exc), param=TIER_HEADER, code="unknown_tier") from None
+    except TierNotAllowedError as exc:
+        raise APIError.forbidden(str(exc), code="tier_not_allowed", param=TIER_HEADER) from None
+    except TierConfigError as exc:
+        raise APIError(500, f"Gateway misconfiguration: {exc}", type="server_error",
+                       code="tier_misconfigured") from None
+
+
+def overloaded(refused: AdmissionRefused) -> APIError:
+    """The 503 for an SLO admission refusal, with its Retry-After."""
+    retry_s = refused.retry_after_s
+    return APIError(
+        503,
+        f"The fleet cannot serve this {refused.tier.name!r}-tier request within its SLO right "
+        f"now ({refused.reason}); retry after {retry_s} s or use a lower tier.",
+        type="service_unavailable", code="overloaded",
+        headers={"Retry-After": str(retry_s), "retry-after-ms": str(retry_s * 1000)},
+    )
 
 
 @dataclass(slots=True)

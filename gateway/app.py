@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 
 from admission.fair_queue import FairQueueConfig
 from admission.quota.types import QuotaStoreLike
+from admission.waiting_room import SloAdmission
 from backends.fleet.approx_sync import ApproxIndexSync
 from backends.fleet.health import HealthChecker
 from backends.fleet.profiles import stated_facts
@@ -32,7 +33,6 @@ from gateway.observe.metrics import GatewayMetrics, counter_family, gauge_family
 from gateway.observe.telemetry import admin_waits, setup_telemetry
 from gateway.router import Router
 from gateway.settings import RoutingSettings, Settings
-from gateway.slo import SloAdmission
 from gateway.state import open_state
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex
@@ -137,7 +137,7 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
                                          max_total=admission.max_queue_len,
                                          max_per_tier=admission.max_queue_len),
         )
-        metrics.add_source(slo.collect_metrics)
+        metrics.add_source(lambda: _admission_metrics(slo))
         metrics.add_source(lambda: _quota_metrics(quotas))
         metrics.add_source(lambda: _prefix_cache_metrics(registry, router))
         app[GATEWAY] = Gateway(
@@ -212,6 +212,33 @@ def _prefix_cache_metrics(registry: BackendRegistry, router: Router) -> Iterator
     yield gauge_family("switchyard_backend_approx_claim_ttl_seconds",
                        "How long the approximate prefix index trusts the backend's claims.",
                        "backend", {b.name: router.approx_index.ttl_for(b.name) for b in backends})
+
+
+def _admission_metrics(slo: SloAdmission) -> Iterator[object]:
+    """Queue lengths, refusals by reason code, the predictor's error: read at scrape time."""
+    yield gauge_family("switchyard_admission_queue_length",
+                       "Requests waiting in the gateway's admission queue.", "tier",
+                       {name: float(n) for name, n in slo.queue.lengths().items()})
+    yield counter_family("switchyard_admission_rejections",
+                         "Requests refused by SLO admission, by reason.", "reason",
+                         {k: float(v) for k, v in slo.num_rejected.items()})
+    yield counter_family("switchyard_admission_queued",
+                         "Requests that waited in the admission queue.", None,
+                         float(slo.num_queued))
+    yield counter_family("switchyard_admission_retry_tickets_issued",
+                         "Refusals whose return was booked (admission/retry_book.py).",
+                         None, float(slo.retries.num_issued))
+    yield counter_family("switchyard_admission_retry_tickets_redeemed",
+                         "Refused requests that came back in their booked window and "
+                         "waited at the front of their tier's queue.", None,
+                         float(slo.retries.num_redeemed))
+    errors = slo.predictor.error_stats()
+    yield gauge_family("switchyard_ttft_predictor_mape",
+                       "Mean absolute percentage error of recent TTFT predictions.", None,
+                       errors.mape)
+    yield gauge_family("switchyard_ttft_predictor_bias_seconds",
+                       "Mean predicted minus observed TTFT over recent predictions.", None,
+                       errors.bias_s)
 
 
 def _quota_metrics(quotas: QuotaStoreLike) -> Iterator[object]:

@@ -8,13 +8,13 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from admission.quota.types import QuotaStoreLike
+from admission.waiting_room import SloAdmission
 from backends.fleet.registry import BackendRegistry
 from backends.fleet.upstream import UpstreamClient
 from gateway.auth import Authenticator
 from gateway.observe.metrics import GatewayMetrics
 from gateway.router import Router
 from gateway.settings import Settings
-from gateway.slo import SloAdmission
 from gateway.tenancy import KeyStoreLike
 
 

@@ -17,15 +17,24 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from admission.tiers import TIER_HEADER
+from admission.waiting_room import AdmissionRefused, Admitted
 from backends.fleet.http1 import UpstreamBroken
 from backends.fleet.registry import Backend
 from backends.fleet.upstream import RETRYABLE_STATUSES, Opened, UpstreamFailure
-from gateway.admit import QuotaTicket, admit_quota, finish_quota, output_tokens_from, renew_lease
+from gateway.admit import (
+    QuotaTicket,
+    admit_quota,
+    finish_quota,
+    output_tokens_from,
+    overloaded,
+    renew_lease,
+    tier_for,
+)
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, error_body
 from gateway.observe.telemetry import REQUEST_TRACE, TELEMETRY
 from gateway.router import RoutePlan, reported_cache_usage
-from gateway.slo import TIER_HEADER
 from gateway.validation import CompletionRequest, parse_completion_body
 
 log = logging.getLogger(__name__)
@@ -68,21 +77,28 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
                 "you may use.", code="model_not_allowed", param="model",
             )
         plan = gw.router.describe(model, parsed.body, principal.tenant.id)
-        tier = gw.slo.tier_for(principal, request.headers.get(TIER_HEADER))
+        tier = tier_for(gw.slo, principal, request.headers.get(TIER_HEADER))
         trace.admitted(tier.name, principal.tenant.id, model, plan)
         waited_s = time.perf_counter()
         ticket = await admit_quota(gw.quotas, principal, plan, request[REQUEST_ID])
         if ticket.is_limited:
             trace.waited("quota", waited_s)
+        admitted: Admitted | None = None
         try:
             trace.waiting("admission_queue")
-            await gw.slo.admit(tier, principal, plan, request[REQUEST_ID], body=raw)
+            plan.needs_free_slot = gw.slo.is_enabled
+            try:
+                admitted = await gw.slo.admit(tier, principal.tenant, plan, request[REQUEST_ID],
+                                              body=raw)
+            except AdmissionRefused as refused:
+                raise overloaded(refused) from None
+            if admitted.snapshot is not None:  # routing reuses it: no second snapshot
+                plan.snapshot, plan.snapshot_taken_s = admitted.snapshot, admitted.snapshot_taken_s
             trace.waited("admission_queue")
-            response = await _forward(request, gw, route, parsed, raw, plan, ticket)
+            response = await _forward(request, gw, route, parsed, raw, plan, ticket, admitted)
         finally:
             finish_quota(ticket)
-            gw.slo.finished(principal.tenant.id,
-                            plan.request.num_prompt_tokens + ticket.num_output_tokens)
+            gw.slo.finished(admitted, plan.request.num_prompt_tokens + ticket.num_output_tokens)
         status = response.status
         return response
     except APIError as exc:
@@ -117,7 +133,7 @@ async def _read_json_body(request: web.Request, gw: Gateway) -> bytes:
 
 async def _forward(
     request: web.Request, gw: Gateway, route: str, parsed: CompletionRequest, raw: bytes,
-    plan: RoutePlan, ticket: QuotaTicket,
+    plan: RoutePlan, ticket: QuotaTicket, admitted: Admitted,
 ) -> web.StreamResponse:
     router = gw.router
     trace = request[REQUEST_TRACE]
@@ -177,7 +193,7 @@ async def _forward(
     trace.responded(opened.backend.name, first_sent_s, index + 1, is_sse)
     if is_sse:
         router.first_token(opened.backend, plan)
-        gw.slo.observe_first_token(opened.backend.name, plan.snapshot,
+        gw.slo.observe_first_token(admitted, opened.backend.name, plan.snapshot,
                                    plan.pending_prefill_tokens, time.perf_counter() - sent_s)
     try:
         if is_sse:

@@ -197,6 +197,11 @@ class Router:
         self._positions_by_model[model] = (version, positions)
         return positions
 
+    def num_running_reported(self, backend: str) -> int | None:
+        """What ``backend``'s engine last reported running (None: no such backend)."""
+        found = self.registry.get(backend)
+        return None if found is None else found.num_running_reported
+
     def fleet_snapshot(self, now_s: float) -> FleetSnapshot:
         """Every backend, no request: for the admission dispatcher's capacity check."""
         reference_s = self._reference_s(now_s)

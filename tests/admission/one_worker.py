@@ -1,5 +1,5 @@
 """A gateway's SLO admission over one 4-slot worker, and a principal to admit: the in-process
-set-up the admission tests that drive ``gateway.slo.SloAdmission`` share."""
+set-up the admission tests that drive ``admission.waiting_room.SloAdmission`` share."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import asyncio
 import pytest
 
 from admission.tiers import DEFAULT_TIERS
+from admission.waiting_room import Admitted, SloAdmission
 from backends.fleet.registry import Backend, BackendRegistry
 from gateway.auth import Principal
 from gateway.keystore import ApiKey, Limits, Tenant
 from gateway.router import Router
-from gateway.slo import SloAdmission
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex
 from routing.profiles import profile_by_name
@@ -37,7 +37,7 @@ def principal() -> Principal:
     return Principal(tenant=tenant, key=key)
 
 
-async def cancel_waiting(task: asyncio.Task[None]) -> None:
+async def cancel_waiting(task: asyncio.Task[Admitted]) -> None:
     """Cancel a request still waiting in admission (its client left) and see it end so."""
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -10,8 +10,8 @@ import pytest
 
 from admission.finishes import RecentFinishes
 from admission.tiers import DEFAULT_TIERS, tier_table
+from admission.waiting_room import Admitted, SloAdmission
 from backends.fleet.registry import Backend
-from gateway.slo import SloAdmission
 from routing.types import BackendProfile, BackendState, FleetSnapshot, PrefixMatch
 from tests.admission.one_worker import one_worker_slo, principal
 
@@ -75,9 +75,10 @@ def slo() -> tuple[SloAdmission, Backend]:
 
 
 async def stream_ends_on(slo: SloAdmission, backend: str) -> None:
-    """What the proxy does for one stream, in the handler's task: first token, then the end."""
-    slo.observe_first_token(backend, None, 0, 0.1)
-    slo.finished("t", 100)
+    """What the proxy does for one stream: first token, then the end."""
+    admitted = Admitted("t")
+    slo.observe_first_token(admitted, backend, None, 0, 0.1)
+    slo.finished(admitted, 100)
 
 
 @pytest.mark.parametrize(("heartbeat_after_end", "admitted_at_once"), [
@@ -95,15 +96,15 @@ async def test_a_slot_freed_after_the_heartbeat_is_seen(
     await asyncio.create_task(stream_ends_on(admission, "w0"))
     if heartbeat_after_end:
         worker.load_observed_s = time.monotonic() + 0.05  # made after the end: it says 4
-    plan = admission.router.describe("m", {"messages": [{"role": "user", "content": "hi"}]},
+    plan = admission.fleet.describe("m", {"messages": [{"role": "user", "content": "hi"}]},
                                      "t")
-    admitted = asyncio.create_task(admission.admit(TIERS["interactive"], principal(), plan,
+    admitted = asyncio.create_task(admission.admit(TIERS["interactive"], principal().tenant, plan,
                                                    "int-1"))
     await asyncio.sleep(0.02)
     assert admitted.done() == admitted_at_once
     if admitted_at_once:
-        await admitted
-        assert plan.snapshot is not None and plan.snapshot.backends[0].num_running == 3
+        snapshot = (await admitted).snapshot
+        assert snapshot is not None and snapshot.backends[0].num_running == 3
     else:
         assert "int-1" in admission.queue
         admitted.cancel()
@@ -116,10 +117,9 @@ async def test_an_end_without_a_first_token_records_nothing(
     admission, _ = slo
 
     async def ends_without_stream() -> None:
-        admission.finished("t", 100)
+        admission.finished(Admitted("t"), 100)
 
     await asyncio.create_task(ends_without_stream())
     assert admission.finishes.num_after("w0", 0.0) == 0
     await asyncio.create_task(stream_ends_on(admission, "w0"))
     assert admission.finishes.num_after("w0", 0.0) == 1
-    assert not admission._stream_backends  # nothing kept per finished request

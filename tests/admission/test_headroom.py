@@ -15,9 +15,9 @@ from admission.headroom import ArrivalRates, backend_free_slots, free_slots, res
 from admission.policy import AdmissionRequest, decide, fleet_free_slots
 from admission.predictor import TtftPredictor
 from admission.tiers import DEFAULT_TIERS, tier_table
+from admission.waiting_room import SloAdmission
 from backends.fleet.registry import Backend, BackendRegistry
 from gateway.router import Router
-from gateway.slo import SloAdmission
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex
 from routing.profiles import profile_by_name
@@ -128,6 +128,7 @@ def test_a_slot_the_dispatcher_cannot_fill_is_not_room_beyond_the_reserve() -> N
     request = AdmissionRequest(tier=TIERS["standard"], tenant="t", prompt_tokens=200, model="m")
     held = decide(request, snap, TtftPredictor(), NOW_S, reserved_slots=1)
     assert held.action == "queue" and "held for higher tiers" in held.reason
+    assert held.code == "held_for_higher"
 
 
 def test_decide_leaves_the_reserved_slots_to_higher_tiers() -> None:
@@ -166,14 +167,15 @@ async def test_dispatcher_holds_the_last_slot_for_interactive(
     worker.num_running = 3  # one free slot of four
     for i in range(40):  # ~4 interactive arrivals per second lately
         slo.arrivals.arrived("interactive", loop.time() - 10 + i / 4)
-    plan = slo.router.describe("m", {"messages": [{"role": "user", "content": "hi"}]}, "t")
-    admitted = loop.create_task(slo.admit(TIERS["standard"], principal(), plan, "std-1"))
+    plan = slo.fleet.describe("m", {"messages": [{"role": "user", "content": "hi"}]}, "t")
+    admitted = loop.create_task(slo.admit(TIERS["standard"], principal().tenant, plan, "std-1"))
     await asyncio.sleep(0.05)
     assert not admitted.done() and "std-1" in slo.queue
     assert slo.dispatch(loop.time()) == 0  # the one free slot stays free
     # An interactive request takes it at once: nothing is held for the top tier.
-    plan_i = slo.router.describe("m", {"messages": [{"role": "user", "content": "now"}]}, "t")
-    await asyncio.wait_for(slo.admit(TIERS["interactive"], principal(), plan_i, "int-1"), 1.0)
+    plan_i = slo.fleet.describe("m", {"messages": [{"role": "user", "content": "now"}]}, "t")
+    await asyncio.wait_for(
+        slo.admit(TIERS["interactive"], principal().tenant, plan_i, "int-1"), 1.0)
     worker.num_running = 2  # two free: one beyond the reserve
     worker.load_observed_s = loop.time()
     assert slo.dispatch(loop.time()) == 1
@@ -188,7 +190,7 @@ async def test_a_waiting_interactive_request_gets_the_only_usable_slot(
     slo, worker = fleet
     other = Backend(name="w1", url="http://127.0.0.1:9", models=frozenset({"m"}),
                     profile=BackendProfile(max_batch=4))
-    slo.router.registry.add(other)
+    slo.fleet.registry.add(other)
     loop = asyncio.get_running_loop()
     for backend_ in (worker, other):
         backend_.load_observed_s = time.monotonic()
@@ -200,8 +202,8 @@ async def test_a_waiting_interactive_request_gets_the_only_usable_slot(
     plans = {}
     for tier, request_id in (("standard", "std-1"), ("interactive", "int-1")):
         plans[request_id] = loop.create_task(slo.admit(
-            TIERS[tier], principal(),
-            slo.router.describe("m", {"messages": [{"role": "user", "content": tier}]}, "t"),
+            TIERS[tier], principal().tenant,
+            slo.fleet.describe("m", {"messages": [{"role": "user", "content": tier}]}, "t"),
             request_id))
         await asyncio.sleep(0.01)
     assert "std-1" in slo.queue and "int-1" in slo.queue

@@ -10,8 +10,8 @@ import pytest
 
 from admission.fair_queue import FairQueue, QueueEntry
 from admission.tiers import DEFAULT_TIERS, tier_table
+from admission.waiting_room import Admitted, SloAdmission
 from backends.fleet.registry import Backend
-from gateway.slo import SloAdmission
 from tests.admission.one_worker import cancel_waiting, one_worker_slo, principal
 
 TIERS = tier_table(DEFAULT_TIERS)
@@ -30,9 +30,9 @@ async def slo() -> tuple[SloAdmission, Backend]:
     return admission, worker
 
 
-def admit(admission: SloAdmission, tier: str, request_id: str) -> asyncio.Task[None]:
-    plan = admission.router.describe("m", BODY, "t")
-    return asyncio.create_task(admission.admit(TIERS[tier], principal(), plan, request_id))
+def admit(admission: SloAdmission, tier: str, request_id: str) -> asyncio.Task[Admitted]:
+    plan = admission.fleet.describe("m", BODY, "t")
+    return asyncio.create_task(admission.admit(TIERS[tier], principal().tenant, plan, request_id))
 
 
 async def settle() -> None:
@@ -113,19 +113,18 @@ async def test_running_counts_settle_when_each_request_finishes(
     worker.num_running = 0
 
     async def one_request(tier: str, request_id: str) -> None:
-        plan = admission.router.describe("m", BODY, "t")
-        await admission.admit(TIERS[tier], principal(), plan, request_id)
+        plan = admission.fleet.describe("m", BODY, "t")
+        admitted = await admission.admit(TIERS[tier], principal().tenant, plan, request_id)
         assert admission.num_running_by_tier[tier] >= 1
-        admission.finished("t", 100)
+        admission.finished(admitted, 100)
 
     async def refused() -> None:  # finished() after a refusal settles nothing
-        admission.finished("t", 100)
+        admission.finished(None, 100)
 
     await asyncio.gather(one_request("batch", "b-1"), one_request("standard", "s-1"),
                          refused())
     # only the fixture's s-0 is left: it never finished
     assert admission.num_running_by_tier == {"interactive": 0, "standard": 1, "batch": 0}
-    assert [tier for tier, _ in admission._running_tiers.values()] == ["standard"]
 
 
 def test_pop_of_one_tier_takes_its_fair_head_only() -> None:

@@ -50,6 +50,24 @@ SATURATED = snapshot(backend("w0", num_waiting=3), backend("w1", kv_usage=0.99))
 BACKLOGGED = snapshot(backend("w0", num_queued_prefill_tokens=20_000))  # 2.12 s, no waiting
 
 
+# The reason code each case of test_decide carries (metric labels come from it).
+CODES = {
+    "interactive-light": "admitted", "interactive-saturated-waits-in-front": "saturated",
+    "interactive-slo-miss": "slo_miss", "interactive-never-queues": "admitted",
+    "standard-light": "admitted", "standard-saturated": "saturated",
+    "standard-slo-miss": "slo_miss", "standard-behind-the-queue": "queued_ahead",
+    "standard-past-deadline": "deadline", "batch-light": "admitted",
+    "batch-saturated": "saturated", "oversize-judged-against-its-idle-ttft": "admitted",
+    "no-backend": "no_backend", "no-backend-batch-waits": "no_backend",
+}
+
+
+@pytest.fixture
+def request_id(request: pytest.FixtureRequest) -> str:
+    """The running case's id (``test_decide[standard-light]`` → ``standard-light``)."""
+    return str(request.node.callspec.id)
+
+
 @pytest.mark.parametrize(
     ("req", "snap", "ahead", "action", "reason", "retry_after_s", "deadline_s"),
     [
@@ -86,9 +104,11 @@ BACKLOGGED = snapshot(backend("w0", num_queued_prefill_tokens=20_000))  # 2.12 s
     ],
 )
 def test_decide(req: AdmissionRequest, snap: FleetSnapshot, ahead: int, action: str,
-                reason: str, retry_after_s: float | None, deadline_s: float | None) -> None:
+                reason: str, retry_after_s: float | None, deadline_s: float | None,
+                request_id: str) -> None:
     decision = decide(req, snap, TtftPredictor(), NOW_S, num_queued_ahead=ahead)
     assert decision.action == action
+    assert decision.code == CODES[request_id]
     assert decision.deadline_s == (None if deadline_s is None else pytest.approx(deadline_s))
     assert reason in decision.reason
     assert decision.retry_after_s == pytest.approx(retry_after_s)
@@ -187,7 +207,7 @@ def test_fleet_capacity_is_any_backend_serving_the_model() -> None:
 def test_reject_expired() -> None:
     decision = reject_expired(TIERS["standard"], arrival_s=NOW_S - 2, now_s=NOW_S)
     assert decision == Decision("reject", "waited 2 s in the standard tier's queue, its limit "
-                                "is 2 s; the fleet is overloaded", retry_after_s=1.0)
+                                "is 2 s; the fleet is overloaded", "deadline", retry_after_s=1.0)
 
 
 def test_retry_after_is_bounded() -> None:

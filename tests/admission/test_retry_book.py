@@ -9,10 +9,10 @@ import pytest
 
 from admission.retry_book import RetryBook, retry_key
 from admission.tiers import Tier, tier_table
+from admission.waiting_room import AdmissionRefused, Admitted, SloAdmission
 from backends.fleet.registry import Backend, BackendRegistry
-from gateway.errors import APIError
+from gateway.admit import overloaded
 from gateway.router import Router
-from gateway.slo import SloAdmission
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex
 from routing.profiles import profile_by_name
@@ -83,10 +83,10 @@ def busy_slo() -> tuple[SloAdmission, Backend]:
     return SloAdmission(TIERS.values(), router), worker
 
 
-def admit(admission: SloAdmission, body: bytes, request_id: str) -> asyncio.Task[None]:
-    plan = admission.router.describe("m", {"messages": [{"role": "user", "content": "hi"}]},
+def admit(admission: SloAdmission, body: bytes, request_id: str) -> asyncio.Task[Admitted]:
+    plan = admission.fleet.describe("m", {"messages": [{"role": "user", "content": "hi"}]},
                                      "t")
-    return asyncio.create_task(admission.admit(TIERS["standard"], principal(), plan,
+    return asyncio.create_task(admission.admit(TIERS["standard"], principal().tenant, plan,
                                                request_id, body=body))
 
 
@@ -95,11 +95,13 @@ async def test_a_refused_request_back_in_time_goes_ahead_of_fresh_ones() -> None
     first = admit(admission, b"first", "r1")
     await asyncio.sleep(0.08)  # past the 50 ms queue wait
     assert admission.dispatch(time.monotonic()) == 0
-    with pytest.raises(APIError) as refused:
+    with pytest.raises(AdmissionRefused) as refused:
         await first
-    retry_after_s = int(refused.value.headers["Retry-After"])
-    assert refused.value.status == 503 and retry_after_s >= 1
-    assert refused.value.headers["retry-after-ms"] == str(retry_after_s * 1000)
+    assert refused.value.code == "deadline"
+    answer = overloaded(refused.value)  # what the gateway sends
+    retry_after_s = int(answer.headers["Retry-After"])
+    assert answer.status == 503 and retry_after_s == refused.value.retry_after_s >= 1
+    assert answer.headers["retry-after-ms"] == str(retry_after_s * 1000)
     await asyncio.sleep(retry_after_s - 0.4)  # back a little early, within early_s
     # A fresh request queued before the retry: fair order alone would serve it first.
     fresh = admit(admission, b"fresh", "r2")

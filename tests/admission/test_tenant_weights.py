@@ -12,9 +12,9 @@ from collections import Counter
 import pytest
 
 from admission.tiers import DEFAULT_TIERS, tier_table
+from admission.waiting_room import Admitted, SloAdmission
 from backends.fleet.registry import Backend
 from gateway.auth import Principal
-from gateway.slo import SloAdmission
 from tests.admission.one_worker import one_worker_slo, principal
 
 TIERS = tier_table(DEFAULT_TIERS)
@@ -49,8 +49,8 @@ async def test_backlogged_tenants_are_served_in_proportion_to_their_weights(
     served: list[str] = []
 
     async def request(tenant: str, request_id: str) -> None:
-        plan = slo.router.describe("m", body, tenant)
-        await slo.admit(TIERS["batch"], tenants[tenant], plan, request_id)
+        plan = slo.fleet.describe("m", body, tenant)
+        await slo.admit(TIERS["batch"], tenants[tenant].tenant, plan, request_id)
         served.append(tenant)
 
     tasks = [asyncio.create_task(request(tenant, f"{tenant}-{i}"))
@@ -79,11 +79,11 @@ BODY = {"messages": [{"role": "user", "content": "the same prompt for everyone"}
 
 
 async def queue_requests(slo: SloAdmission, tenant: Principal, count: int,
-                         served: list[str]) -> list[asyncio.Task[None]]:
+                         served: list[str]) -> list[asyncio.Task[Admitted]]:
     """``count`` batch requests of ``tenant`` waiting in the queue (the worker is full)."""
     async def request(request_id: str) -> None:
-        plan = slo.router.describe("m", BODY, tenant.tenant.id)
-        await slo.admit(TIERS["batch"], tenant, plan, request_id)
+        plan = slo.fleet.describe("m", BODY, tenant.tenant.id)
+        await slo.admit(TIERS["batch"], tenant.tenant, plan, request_id)
         served.append(tenant.tenant.id)
 
     tasks = [asyncio.create_task(request(f"{tenant.tenant.id}-{i}")) for i in range(count)]
@@ -113,11 +113,12 @@ async def test_requests_that_never_started_buy_their_tenant_no_credit() -> None:
     assert served == ["heavy", "plain"]
 
     async def abandoned(request_id: str) -> None:  # as gateway/proxy.py does, in its finally
-        plan = slo.router.describe("m", BODY, "heavy")
+        plan = slo.fleet.describe("m", BODY, "heavy")
+        admitted: Admitted | None = None
         try:
-            await slo.admit(TIERS["batch"], heavy, plan, request_id)
+            admitted = await slo.admit(TIERS["batch"], heavy.tenant, plan, request_id)
         finally:
-            slo.finished("heavy", plan.request.num_prompt_tokens)
+            slo.finished(admitted, plan.request.num_prompt_tokens)
 
     for round_ in range(4):  # one of heavy's requests gone before each dispatch
         gone = asyncio.create_task(abandoned(f"gone-{round_}"))
@@ -141,8 +142,8 @@ async def test_direct_admissions_put_their_tenant_behind_in_the_next_busy_period
     worker.num_running = 0
     heavy, plain = tenant_principal("heavy", 1.0), tenant_principal("plain", 1.0)
     for i in range(3):
-        plan = slo.router.describe("m", BODY, "heavy")
-        await slo.admit(TIERS["batch"], heavy, plan, f"direct-{i}")
+        plan = slo.fleet.describe("m", BODY, "heavy")
+        await slo.admit(TIERS["batch"], heavy.tenant, plan, f"direct-{i}")
     assert not len(slo.queue)
     worker.num_running = 4
     served: list[str] = []
