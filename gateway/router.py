@@ -101,8 +101,15 @@ class Router:
         max_age_s: float = 5.0,
         seed: int | None = None,
         default_output_tokens: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """``clock``: the monotonic time of load figures and in-flight books; ``wall_clock``:
+        the time of the approximate index's claims, shared with other replicas through Redis
+        (the virtual-time simulator passes its own clock as both)."""
         self.registry = registry
+        self._clock = clock
+        self._wall_clock = wall_clock
         self.profile = profile
         self.exact_index = exact_index
         self.approx_index = approx_index
@@ -214,7 +221,7 @@ class Router:
         pool = self.registry.for_model(request.model)
         if not pool:
             return []
-        now_s = time.monotonic()
+        now_s = self._clock()
         snapshot = plan.snapshot  # admission's, when it decided just now
         if snapshot is None or now_s - plan.snapshot_taken_s > 0.002:
             snapshot = self.snapshot(request, now_s)
@@ -237,22 +244,20 @@ class Router:
                 return exact
         if request.char_hashes:
             # Wall-clock time: claims are shared with other replicas through Redis.
-            return self.approx_index.match(request.char_hashes, time.time())
+            return self.approx_index.match(request.char_hashes, self._wall_clock())
         return PrefixMatch()
 
     # -- bookkeeping ----------------------------------------------------------------------
     def started(self, backend: Backend, plan: RoutePlan, expected_cached_tokens: int = 0) -> None:
-        plan.sent_s = time.monotonic()
-        backend.num_in_flight += 1
-        backend.num_in_flight_tokens += plan.reserved_tokens
+        plan.sent_s = self._clock()
         # Only what it must prefill: a cache hit costs the backend almost nothing.
         plan.pending_prefill_tokens = max(0, plan.request.num_prompt_tokens
                                           - expected_cached_tokens)
-        backend.num_in_flight_prompt_tokens += plan.pending_prefill_tokens
+        backend.book_started(plan.reserved_tokens, plan.pending_prefill_tokens)
         plan.expected_cached_tokens = expected_cached_tokens
         plan.claim_age_s = None
         if plan.request.char_hashes:
-            now_s = time.time()
+            now_s = self._wall_clock()
             record_claim(self.approx_index, plan, backend.name, now_s)
             if self.on_record is not None:
                 self.on_record(plan.request.char_hashes, backend.name, now_s)
@@ -270,7 +275,7 @@ class Router:
             self.approx_index.observe(backend.name, claim_age_s,
                                       is_hit=num_cached_tokens >= expected // 2)
         if feedback.is_broken():
-            now_s = time.monotonic()
+            now_s = self._clock()
             if now_s - self._broken_warned_s.get(backend.name, -inf) >= BROKEN_WARN_EVERY_S:
                 self._broken_warned_s[backend.name] = now_s
                 expected_ratio, reported_ratio = feedback.hit_ratios()
@@ -281,10 +286,7 @@ class Router:
                     100 * expected_ratio, 100 * reported_ratio)
 
     def first_token(self, backend: Backend, plan: RoutePlan) -> None:
-        backend.num_in_flight_prompt_tokens -= plan.pending_prefill_tokens
-        observed_s = backend.load_observed_s
-        if observed_s is not None and plan.sent_s <= observed_s:
-            backend.num_started_since_load += 1  # if the engine counted it waiting, it runs now
+        backend.book_first_token(plan.pending_prefill_tokens, plan.sent_s)
 
     def nearly_done(self, backend: Backend, plan: RoutePlan) -> None:
         """The request's stream is on its last step (one token left of its ``max_tokens``):
@@ -294,17 +296,12 @@ class Router:
         request's start: ~2 % of a 16-slot fleet running 40-token answers. Once per request."""
         if not plan.is_ending:
             plan.is_ending = True
-            backend.num_ending += 1
+            backend.book_ending()
 
     def finished(self, backend: Backend, plan: RoutePlan, *, had_first_token: bool) -> None:
-        if plan.is_ending:
-            plan.is_ending = False
-            backend.num_ending -= 1
-        backend.num_in_flight -= 1
-        backend.num_in_flight_tokens -= plan.reserved_tokens
-        backend.num_finished_since_load += 1
-        if not had_first_token:
-            backend.num_in_flight_prompt_tokens -= plan.pending_prefill_tokens
+        backend.book_finished(plan.reserved_tokens, plan.pending_prefill_tokens,
+                              had_first_token=had_first_token, was_ending=plan.is_ending)
+        plan.is_ending = False
 
 
 def record_claim(approx_index: ApproxPrefixIndex, plan: RoutePlan, backend: str,

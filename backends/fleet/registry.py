@@ -93,6 +93,48 @@ class Backend:
         if name != "_state" and name != "_state_now_s":
             object.__setattr__(self, "_state", None)
 
+    # -- this gateway's books: what it sent here, and what became of it --------------------
+    # Called by the gateway's router and the virtual-time simulator's alike.
+    def book_started(self, reserved_tokens: int, pending_prefill_tokens: int) -> None:
+        """A request went upstream here: ``pending_prefill_tokens`` of its prompt to compute
+        (a cache hit costs the engine almost nothing), ``reserved_tokens`` of KV at most."""
+        self.num_in_flight += 1
+        self.num_in_flight_tokens += reserved_tokens
+        self.num_in_flight_prompt_tokens += pending_prefill_tokens
+
+    def book_first_token(self, pending_prefill_tokens: int, sent_s: float) -> None:
+        """A request sent at ``sent_s`` has its first token: its prefill is done, and if the
+        engine's figures were observed after it was sent, it counted waiting there and runs
+        now."""
+        self.num_in_flight_prompt_tokens -= pending_prefill_tokens
+        if self.load_observed_s is not None and sent_s <= self.load_observed_s:
+            self.num_started_since_load += 1
+
+    def book_ending(self) -> None:
+        """A stream is on its last step: its slot counts as free (``BackendState.num_holding``).
+        Once per request; ``book_finished(was_ending=True)`` undoes it."""
+        self.num_ending += 1
+
+    def book_finished(self, reserved_tokens: int, pending_prefill_tokens: int, *,
+                      had_first_token: bool, was_ending: bool) -> None:
+        """A request ended (answered, failed or abandoned): the engine runs one fewer than its
+        last figures said until the next observation."""
+        if was_ending:
+            self.num_ending -= 1
+        self.num_in_flight -= 1
+        self.num_in_flight_tokens -= reserved_tokens
+        self.num_finished_since_load += 1
+        if not had_first_token:
+            self.num_in_flight_prompt_tokens -= pending_prefill_tokens
+
+    def load_observed(self, observed_s: float, *, is_new: bool = True) -> None:
+        """The engine's figures were read, as of ``observed_s`` (monotonic): a new observation
+        starts the books kept since it afresh; the same one read again keeps them (they still
+        count those requests)."""
+        self.load_observed_s = observed_s
+        if is_new:
+            self.num_finished_since_load = self.num_started_since_load = 0
+
     def state(self, now_s: float) -> BackendState:
         """This backend as routing sees it at ``now_s`` (monotonic).
 

@@ -213,13 +213,12 @@ class FleetSync:
         prefix_blocks = load.get("num_prefix_kv_blocks")  # absent from older workers
         backend.num_prefix_kv_blocks = (int(prefix_blocks) if isinstance(prefix_blocks, int | float)
                                         and not isinstance(prefix_blocks, bool) else None)
-        backend.load_observed_s = time.monotonic() - age_s
         # A poll that reads the same heartbeat again keeps the finishes seen since it was read
         # (the engine's figures still count those requests); a new heartbeat starts afresh.
         ts_ms = float(doc["ts_ms"])
-        if self._load_ts_ms.get(backend.name) != ts_ms:
-            self._load_ts_ms[backend.name] = ts_ms
-            backend.num_finished_since_load = backend.num_started_since_load = 0
+        is_new = self._load_ts_ms.get(backend.name) != ts_ms
+        self._load_ts_ms[backend.name] = ts_ms
+        backend.load_observed(time.monotonic() - age_s, is_new=is_new)
         if backend.source == "heartbeat":
             backend.is_healthy = True
         return backend.name
@@ -259,8 +258,7 @@ class FleetSync:
         backend.num_running = int(totals.get("running", 0))
         backend.num_waiting = int(totals.get("waiting", 0))
         backend.kv_usage = min(1.0, max(0.0, totals.get("kv", 0.0)))
-        backend.load_observed_s = time.monotonic()
-        backend.num_finished_since_load = backend.num_started_since_load = 0
+        backend.load_observed(time.monotonic())
         if backend.discover_profile:
             inferred = self._saturation.observe(backend.name, backend.num_running,
                                                 backend.num_waiting)

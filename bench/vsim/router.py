@@ -48,7 +48,7 @@ from typing import cast
 from backends.engine_core.block_manager import KvEvent
 from backends.fleet.registry import Backend, BackendRegistry
 from bench.vsim.workloads import VRequest
-from gateway.router import RoutePlan, Router, record_claim
+from gateway.router import RoutePlan, Router
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import EventKind, ExactPrefixIndex
 from routing.prefix import char_block_hashes, token_block_hashes
@@ -84,15 +84,20 @@ class VirtualRouter:
         self._changed: set[int] = set()
         self._by_name = {b.name: i for i, b in enumerate(self.backends)}
         self._prefix_hashes: dict[int, list[int]] = {}  # prefix group -> its full blocks' chain
-        # The live gateway's router, for its learn() alone (its other methods read the wall
-        # clock); an index mode without one gets indexes it never consults. (Not ``or``: an
-        # empty index is falsy.)
+        # The live gateway's router on this simulator's clock, for its books and learn(); an
+        # index mode without one gets indexes it never consults. (Not ``or``: an empty index
+        # is falsy.)
+        self._now_s = 0.0
         self._gateway = Router(
             BackendRegistry(self.backends), self.profile,
             ExactPrefixIndex(block_size) if self.exact_index is None else self.exact_index,
             ApproxPrefixIndex(approx_ttl_s, block_tokens=block_size)
             if self.approx_index is None else self.approx_index, {},
-            block_size=block_size, max_age_s=max_age_s)
+            block_size=block_size, max_age_s=max_age_s,
+            clock=self._clock, wall_clock=self._clock)
+
+    def _clock(self) -> float:
+        return self._now_s
 
     # -- the request ----------------------------------------------------------------------
     def describe(self, request: VRequest) -> RoutePlan:
@@ -161,35 +166,19 @@ class VirtualRouter:
     # -- bookkeeping ----------------------------------------------------------------------
     def started(self, index: int, plan: RoutePlan, now_s: float,
                 expected_cached_tokens: int = 0) -> None:
-        backend = self.backends[index]
-        backend.num_in_flight += 1
-        backend.num_in_flight_tokens += plan.reserved_tokens
-        # As gateway/router.py: the in-flight prefill backlog counts only what the backend must
-        # compute (a cache hit costs it almost nothing).
-        plan.pending_prefill_tokens = max(0, plan.request.num_prompt_tokens
-                                          - expected_cached_tokens)
-        backend.num_in_flight_prompt_tokens += plan.pending_prefill_tokens
+        """The live router's ``started``, at virtual ``now_s``: the backend's books, the
+        expected hit and the approximate index's claim (with its age, for ``learn``)."""
+        self._now_s = now_s
+        self._gateway.started(self.backends[index], plan, expected_cached_tokens)
         self._changed.add(index)
-        # As gateway/router.py: remember how old the approximate index's claim was, for learn().
-        plan.expected_cached_tokens = expected_cached_tokens
-        plan.claim_age_s = None
-        if plan.request.char_hashes and self.approx_index is not None:
-            record_claim(self.approx_index, plan, backend.name, now_s)
         plan.snapshot = None  # not kept in flight: a large fleet's plans would hold one each
 
     def first_token(self, index: int, plan: RoutePlan) -> None:
-        self.backends[index].num_in_flight_prompt_tokens -= plan.pending_prefill_tokens
+        self._gateway.first_token(self.backends[index], plan)
         self._changed.add(index)
 
     def finished(self, index: int, plan: RoutePlan, *, had_first_token: bool) -> None:
-        backend = self.backends[index]
-        backend.num_in_flight -= 1
-        backend.num_in_flight_tokens -= plan.reserved_tokens
-        # As gateway/router.py: the engine now runs fewer than its last heartbeat said
-        # (Backend.state subtracts these until the next heartbeat resets the count).
-        backend.num_finished_since_load += 1
-        if not had_first_token:
-            backend.num_in_flight_prompt_tokens -= plan.pending_prefill_tokens
+        self._gateway.finished(self.backends[index], plan, had_first_token=had_first_token)
         self._changed.add(index)
 
     def learn(self, index: int, plan: RoutePlan, num_prompt_tokens: int,

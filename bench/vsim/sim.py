@@ -17,9 +17,10 @@ Events, in time order (ties in the order they were scheduled):
   are published; their age is what ``schedule()``'s fresh filter judges. The first
   ``num_silent_workers`` send the one at time 0 and then fall silent (lost heartbeats);
 - **poll**, every ``poll_interval_s``: the gateway reads the latest heartbeats into its
-  ``Backend`` records, as ``backends/fleet/sync.py`` ``FleetSync.poll_members`` does, which also
-  resets every backend's ``num_finished_since_load`` (0 turns polling off: a heartbeat
-  reaches the ``Backend`` at once and resets it);
+  ``Backend`` records, as ``backends/fleet/sync.py`` ``FleetSync.poll_members`` does: a new
+  heartbeat starts the backend's books since its figures afresh (``Backend.load_observed``),
+  one read again keeps them (0 turns polling off: a heartbeat reaches the ``Backend`` at
+  once);
 - **stale**: the moment a worker's figures exceed ``max_age_s`` with no newer heartbeat due
   before (silent workers, or ``heartbeat_s > max_age_s``).
 
@@ -335,8 +336,7 @@ class Simulation:
             if published is not None:
                 self._apply(worker, *published)
                 self._published[worker] = None
-            else:  # FleetSync re-reads the same heartbeat and resets this all the same
-                self.backends[worker].num_finished_since_load = 0
+            else:  # FleetSync re-reads the same heartbeat: the books since it stay
                 self.router.mark_changed(worker)
         if self._num_arrived < self.config.num_requests or self._in_flight:
             self._push(now_s + self.config.poll_interval_s, _POLL, -1)
@@ -367,10 +367,9 @@ class Simulation:
         """The gateway takes in a heartbeat observed at ``observed_s``, as ``FleetSync``."""
         backend = self.backends[worker]
         backend.load_source = "heartbeat"
-        backend.load_observed_s = observed_s
         (backend.num_running, backend.num_waiting, backend.kv_usage,
          backend.num_queued_prefill_tokens, backend.num_prefix_kv_blocks) = figures
-        backend.num_finished_since_load = 0
+        backend.load_observed(observed_s)
         self.router.mark_changed(worker)
 
     def _next_heartbeat(self, worker: int, at_s: float, now_s: float) -> None:

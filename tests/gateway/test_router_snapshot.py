@@ -66,3 +66,24 @@ def test_staleness_is_judged_at_the_request_time_not_the_reference_time() -> Non
     assert cycle.is_stale(snapshot.backends[0])
     assert not cycle.is_stale(snapshot.backends[1])
     assert abs(snapshot.backends[1].age_s + (now_s - snapshot.now_s) - (now_s - 100.01)) < 1e-9
+
+
+def test_the_router_keeps_time_by_the_clocks_it_is_given() -> None:
+    """The virtual-time simulator runs this router on its own clock: a dispatch is stamped
+    with it, the approximate index's claim with the wall clock given, and the books follow."""
+    backend = Backend("w0", "http://127.0.0.1:19000", frozenset({MODEL}), source="heartbeat")
+    now = {"s": 7.0}
+    approx = ApproxPrefixIndex()
+    router = Router(BackendRegistry([backend]), profile_by_name("least_load"),
+                    ExactPrefixIndex(), approx, {}, clock=lambda: now["s"],
+                    wall_clock=lambda: 1000 + now["s"])
+    plan = router.describe(MODEL, {"prompt": "x" * 200}, "t")
+    backend.load_observed(8.0)  # figures taken after the dispatch below
+    router.started(backend, plan)
+    assert plan.sent_s == 7.0
+    assert approx.match(plan.request.char_hashes, 1007.0).num_blocks == {"w0": 3}
+    now["s"] = 9.0
+    router.first_token(backend, plan)
+    assert backend.num_started_since_load == 1  # sent at 7 s, before the 8 s figures
+    router.finished(backend, plan, had_first_token=True)
+    assert (backend.num_in_flight, backend.num_finished_since_load) == (0, 1)

@@ -116,3 +116,38 @@ def test_books_count_streams_on_their_last_step(in_flight: int, ending: int,
     backend.num_in_flight, backend.num_ending = in_flight, ending
     state = backend.state(10.0)
     assert (state.num_running, state.num_waiting, state.num_holding) == expected
+
+
+def test_the_books_follow_a_request_from_start_to_finish() -> None:
+    """One request's life in the record's books, as the gateway's router and the virtual-time
+    simulator's both keep them (``book_*``), against the engine's last figures."""
+    backend = Backend(name="w", url="http://127.0.0.1:9", models=frozenset({"m"}),
+                      profile=BackendProfile(max_batch=4))
+    backend.load_source = "heartbeat"
+    backend.num_running, backend.num_waiting = 1, 1
+    backend.book_started(reserved_tokens=300, pending_prefill_tokens=100)
+    assert (backend.num_in_flight, backend.num_in_flight_tokens,
+            backend.num_in_flight_prompt_tokens) == (1, 300, 100)
+    backend.load_observed(10.0)  # the engine's figures, taken after it was sent: waiting there
+    backend.book_first_token(pending_prefill_tokens=100, sent_s=9.5)
+    assert backend.num_in_flight_prompt_tokens == 0
+    assert backend.num_running_reported == 2  # it runs now
+    backend.book_ending()
+    assert backend.state(10.0).num_holding == 1
+    backend.book_finished(300, 100, had_first_token=True, was_ending=True)
+    assert (backend.num_in_flight, backend.num_in_flight_tokens, backend.num_ending,
+            backend.num_finished_since_load) == (0, 0, 0, 1)
+    backend.load_observed(10.0, is_new=False)  # the same figures read again: the books stay
+    assert (backend.num_finished_since_load, backend.num_started_since_load) == (1, 1)
+    backend.load_observed(11.0)  # new figures count it themselves
+    assert (backend.num_finished_since_load, backend.num_started_since_load) == (0, 0)
+
+
+def test_a_request_that_never_got_a_first_token_returns_its_prefill() -> None:
+    backend = Backend(name="w", url="http://127.0.0.1:9", models=frozenset({"m"}))
+    backend.load_observed(5.0)
+    backend.book_started(reserved_tokens=50, pending_prefill_tokens=40)
+    backend.book_first_token(pending_prefill_tokens=0, sent_s=6.0)  # sent after the figures
+    assert backend.num_started_since_load == 0
+    backend.book_finished(50, 40, had_first_token=False, was_ending=False)
+    assert (backend.num_in_flight, backend.num_in_flight_prompt_tokens) == (0, 0)
