@@ -96,7 +96,7 @@ def check_backend_url(value: str) -> str:
 
 
 class TierSettings(_Strict):
-    """An SLO class. Admission control (issue 5) enforces the SLOs; here they are declared."""
+    """An SLO class. Admission control enforces the SLOs; here they are declared."""
 
     name: str
     priority: int = Field(ge=0)

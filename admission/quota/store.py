@@ -36,6 +36,7 @@ from redis.exceptions import RedisError
 
 from admission.quota.local import LocalLimiter
 from admission.quota.lua import ACQUIRE_SCRIPT, RENEW_SCRIPT, SETTLE_SCRIPT, LuaScript
+from admission.quota.pipe import ScriptPipe
 from admission.quota.redis_batch import ScriptBatcher
 from admission.quota.redis_pipe import RespAddress, RespScriptPipe
 from admission.quota.types import (
@@ -100,7 +101,7 @@ class QuotaStore:
         if fail_mode not in ("open", "closed"):
             raise ValueError(f"fail_mode must be 'open' or 'closed', not {fail_mode!r}")
         address = RespAddress.of(redis) if own_connection else None
-        self._batcher: RespScriptPipe | ScriptBatcher = (
+        self._batcher: ScriptPipe = (
             RespScriptPipe(address, timeout_s=timeout_s, max_batch_size=max_batch_size,
                            max_in_flight=max_in_flight,
                            send_idle_calls_at_once=send_idle_calls_at_once)

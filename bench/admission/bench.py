@@ -1,4 +1,4 @@
-"""Issue 5: SLO-class admission and tenant fairness under overload, quota accuracy, and cost,
+"""SLO-class admission and tenant fairness under overload, quota accuracy, and cost,
 on an own fleet and on a third-party one.
 
 One run (``flock /tmp/switchyard-bench.lock`` around it on a shared machine)::

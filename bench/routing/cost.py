@@ -1,4 +1,4 @@
-"""Issue 4: what one routing decision costs, in microseconds of CPU on the gateway's hot path.
+"""What one routing decision costs, in microseconds of CPU on the gateway's hot path.
 
 A 4k-token prompt (256 blocks of 16 tokens) is routed over 64 backends with a populated exact
 prefix index: every measured call runs ``ExactPrefixIndex.match`` on the request's block chain,

@@ -1,4 +1,4 @@
-"""Issue 4, live: routing profiles compared on fresh simulated fleets, in one run, on an own
+"""Live: routing profiles compared on fresh simulated fleets, in one run, on an own
 fleet and on a third-party one.
 
 For each profile (round_robin, least_load, random, prefix_affinity with the approximate index,

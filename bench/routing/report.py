@@ -1,6 +1,6 @@
 """Targets and tables of ``bench.routing.live``'s results: pure functions of the results dict.
 
-Targets (issue 4): prefix_affinity's TTFT p50 <= 0.2x and p99 <= 0.25x round_robin's on the
+Targets: prefix_affinity's TTFT p50 <= 0.2x and p99 <= 0.25x round_robin's on the
 shared-prefix workload; its cached-token fraction >= 90% of the ideal; under a hot prefix its
 TTFT p90 <= 1.5x the uniform workload's at the same rate and the busiest worker <= 1.3x the
 mean (busy time; the requests' work is judged too, as busy time saturates). Each function

@@ -1,4 +1,4 @@
-"""Issue 3: how closely the simulator's emulated latencies follow its own latency model.
+"""How closely the simulator's emulated latencies follow its own latency model.
 
 For each fleet size in ``--workers-list`` it starts one simulator process
 (``python -m backends.sim --workers N --tokenizer approx``), and a load driver in a separate

@@ -1,4 +1,4 @@
-"""Issue 4: does the virtual-time simulator agree with the live bench? Same requests, both sides.
+"""Does the virtual-time simulator agree with the live bench? Same requests, both sides.
 
 For each profile (round_robin, prefix_affinity with the exact index, prefix_affinity with the
 approximate one) a fresh live fleet runs the shared-prefix workload as ``bench.routing.live``

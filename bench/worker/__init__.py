@@ -1,4 +1,4 @@
-"""The PyTorch worker benchmark (issue 7), run as ``python -m bench.worker``.
+"""The PyTorch worker benchmark, run as ``python -m bench.worker``.
 
 One module per measurement: `sweep` (batch sweep, with `steps` timing each engine step),
 `prefix` (prefix-cache TTFT), `capacity` (KV bytes and sequences per budget), `quality` (int8

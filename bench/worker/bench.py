@@ -1,4 +1,4 @@
-"""The PyTorch worker benchmark (issue 7): batch sweep, prefix-cache TTFT, KV capacity, int8 KV
+"""The PyTorch worker benchmark: batch sweep, prefix-cache TTFT, KV capacity, int8 KV
 quality, and the simulator's step-time calibration, on the real SmolLM2-135M-Instruct.
 
     flock /tmp/switchyard-bench.lock .venv/bin/python -m bench.worker          # CPU, ~3 min

@@ -1,4 +1,4 @@
-"""The worker benchmark's targets (issue 7) and its markdown tables, from the results JSON.
+"""The worker benchmark's targets and its markdown tables, from the results JSON.
 
 Example::
 
