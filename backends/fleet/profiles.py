@@ -37,6 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from backends.fleet.prom import labels as sample_labels
 from routing.types import BackendProfile
 
 # Fields a source may give, in BackendProfile's terms (KV capacity in tokens, not blocks).
@@ -93,7 +94,7 @@ def parse_vllm_cache_config(metrics_text: str) -> ProfileFacts:
     """``block_size`` and ``num_gpu_blocks`` from vLLM's ``vllm:cache_config_info`` labels."""
     for line in metrics_text.splitlines():
         if line.startswith("vllm:cache_config_info{"):
-            labels = _labels(line)
+            labels = sample_labels(line)
             block_size = _int(labels.get("block_size"))
             num_blocks = _int(labels.get("num_gpu_blocks"))
             # newer vLLM also states the capacity in tokens
@@ -185,29 +186,6 @@ def _float(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) and value > 0 else None
-
-
-def _labels(line: str) -> dict[str, str]:
-    """The labels of one Prometheus sample line (values unescaped of \\" only)."""
-    start, end = line.find("{"), line.rfind("}")
-    out: dict[str, str] = {}
-    body = line[start + 1:end]
-    i = 0
-    while i < len(body):
-        eq = body.find("=", i)
-        if eq == -1 or eq + 1 >= len(body) or body[eq + 1] != '"':
-            break
-        name = body[i:eq].strip().lstrip(",").strip()
-        j = eq + 2
-        value = []
-        while j < len(body) and body[j] != '"':
-            if body[j] == "\\" and j + 1 < len(body):
-                j += 1
-            value.append(body[j])
-            j += 1
-        out[name] = "".join(value)
-        i = j + 1
-    return out
 
 
 INFERRED_SOURCE = "inferred: running while requests waited"

@@ -44,6 +44,7 @@ from backends.fleet.profiles import (
     parse_sglang_server_info,
     parse_vllm_cache_config,
 )
+from backends.fleet.prom import metric_sums
 from backends.fleet.registry import Backend, BackendRegistry
 from backends.publisher import (
     WORKERS_ZSET,
@@ -77,19 +78,9 @@ _PROFILE_PAGES: tuple[tuple[str, Callable[[Any], ProfileFacts]], ...] = (
 KvIndex = ExactPrefixIndex
 
 def parse_engine_metrics(text: str) -> dict[str, float]:
-    """Running, waiting and KV usage from a vLLM or SGLang ``/metrics`` page, summed."""
-    totals: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name_end = line.find("{")
-        space = line.rfind(" ")
-        name = line[: name_end if name_end != -1 else space]
-        for key, names in (("running", _RUNNING), ("waiting", _WAITING), ("kv", _KV_USAGE)):
-            if name in names:
-                with contextlib.suppress(ValueError):
-                    totals[key] = totals.get(key, 0.0) + float(line[space + 1:])
-    return totals
+    """Running, waiting and KV usage from a vLLM or SGLang ``/metrics`` page, summed; a figure
+    the page does not have is left out."""
+    return metric_sums(text, {"running": _RUNNING, "waiting": _WAITING, "kv": _KV_USAGE})
 
 
 def profile_from_heartbeat(doc: dict[str, Any]) -> BackendProfile:

@@ -20,7 +20,6 @@ through all. Example::
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -33,6 +32,7 @@ import httpx
 import redis
 import yaml
 
+from backends.fleet.prom import parse_samples
 from gateway.cli.localproc import (
     ProcessGroup,
     free_port,
@@ -44,7 +44,6 @@ from gateway.cli.localproc import (
 
 SIM_MODEL = "switchyard-sim"
 MOCK_MODEL = "switchyard-mock"
-_SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,22 +186,7 @@ def provision(origin: str, admin_token: str, tenants: Sequence[str], tiers: Sequ
 
 def scrape(url: str) -> dict[str, float]:
     """A Prometheus text page as ``{"name{labels}": value}`` (samples without labels: name)."""
-    samples: dict[str, float] = {}
-    for line in httpx.get(url, timeout=10).text.splitlines():
-        match = _SAMPLE_RE.match(line)
-        if match and not line.startswith("#"):
-            samples[match.group(1) + (match.group(2) or "")] = float(match.group(3))
-    return samples
-
-
-def by_label(samples: Mapping[str, float], name: str) -> dict[str, float]:
-    """The samples of one metric keyed by their (only) label value; no labels: key ``""``."""
-    out: dict[str, float] = {}
-    for key, value in samples.items():
-        metric, _, labels = key.partition("{")
-        if metric == name:
-            out[labels.rstrip("}").partition('="')[2].rstrip('"')] = value
-    return out
+    return parse_samples(httpx.get(url, timeout=10).text)
 
 
 def wait_idle(worker_urls: Sequence[str], timeout_s: float = 20.0) -> float:

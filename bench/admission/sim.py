@@ -22,12 +22,12 @@ from typing import Any
 
 import httpx
 
+from backends.fleet.prom import by_label
 from bench.admission.figures import retry_figures, run_figures
 from bench.admission.fleet import (
     SIM_MODEL,
     Fleet,
     GatewayProc,
-    by_label,
     provision,
     scrape,
     wait_idle,

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import httpx
 import yaml
 
+from backends.fleet.prom import metric_sums
 from bench.common.fleet_modes import Mode, describe, static_backends, wait_for_backends
 from bench.run.workers import parse_counters
 from gateway.cli.localproc import (
@@ -152,10 +153,8 @@ def routing_fleet(spec: FleetSpec, workdir: Path) -> Iterator[RoutingFleet]:
 
 def _scrape_one(client: httpx.Client, url: str) -> dict[str, float]:
     text = client.get(url + "/metrics").raise_for_status().text
-    counters = parse_counters(text)
-    for name, metric in _EXTRA_COUNTERS.items():
-        counters[name] = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                             if line.startswith(metric) and line[len(metric)] in "{ ")
+    counters = parse_counters(text) | dict.fromkeys(_EXTRA_COUNTERS, 0.0) | metric_sums(
+        text, {name: (metric,) for name, metric in _EXTRA_COUNTERS.items()})
     profile = client.get(url + "/sim/profile").raise_for_status().json()
     counters["num_steps"] = float(profile["num_steps"])
     counters["lateness_s"] = float(profile["total_lateness_s"])
@@ -166,9 +165,8 @@ def scrape_gateway(fleet: RoutingFleet) -> dict[str, float]:
     """The gateway's routing counters: prompt tokens routed, and of them the tokens the chosen
     backend was expected to hold in its prefix cache."""
     text = httpx.get(fleet.url.removesuffix("/v1") + "/metrics", timeout=5).text
-    return {name: sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                      if line.startswith(metric + " "))
-            for name, metric in _GATEWAY_COUNTERS.items()}
+    return dict.fromkeys(_GATEWAY_COUNTERS, 0.0) | metric_sums(
+        text, {name: (metric,) for name, metric in _GATEWAY_COUNTERS.items()})
 
 
 def scrape_workers(worker_urls: Mapping[str, str]) -> dict[str, dict[str, float]]:

@@ -16,17 +16,15 @@ from typing import Any
 
 import httpx
 
+from backends.fleet.prom import metric_sums
+
 COUNTERS = {"requests": "vllm:request_success_total", "prompt_tokens": "vllm:prompt_tokens_total"}
 
 
 def parse_counters(text: str) -> dict[str, float]:
     """Sums of the `COUNTERS` over all their label sets, from a Prometheus text page."""
-    totals = dict.fromkeys(COUNTERS, 0.0)
-    for line in text.splitlines():
-        for name, metric in COUNTERS.items():
-            if line.startswith(metric) and line[len(metric)] in "{ ":
-                totals[name] += float(line.rsplit(" ", 1)[1])
-    return totals
+    return dict.fromkeys(COUNTERS, 0.0) | metric_sums(
+        text, {name: (metric,) for name, metric in COUNTERS.items()})
 
 
 def scrape_all(urls: Sequence[str]) -> dict[str, dict[str, float]]:
