@@ -4,8 +4,9 @@ worker, bench."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version
 
 from gateway.cli import admin_client, quickstart, up
 from gateway.observe import waits
@@ -16,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="switchyard", description="OpenAI-compatible gateway for self-hosted LLM fleets"
     )
+    parser.add_argument("--version", action="version", version=f"switchyard {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser(
@@ -42,7 +44,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = _main(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()  # here, not at exit, so that a closed pipe is caught below
+        return code
+    except BrokenPipeError:
+        # The reader left (``switchyard waits --json | head``): no traceback. Python's own
+        # flush at exit would fail again; point stdout at /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # as a shell reports a process killed by SIGPIPE
+
+
+def _version() -> str:
+    try:
+        return version("switchyard")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] == "mock-engine":
         from backends.mock.cli import main as mock_main
 

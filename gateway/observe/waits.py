@@ -224,5 +224,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render_text(report))
     if args.png:
-        print(f"saved {save_png(report, args.png)}", file=sys.stderr)
+        if not report.get("num_requests"):
+            print(f"no chart saved: the gateway saw no requests in the last "
+                  f"{report.get('window_s', 0):g} s; send some and run it again",
+                  file=sys.stderr)
+        else:
+            print(f"saved {save_png(report, args.png)}", file=sys.stderr)
     return 0
