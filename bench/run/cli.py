@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="tenant mix TIER:COUNT,..., e.g. interactive:4,standard:16,batch:4")
     tenancy.add_argument("--admin-token", help="make the tenants and keys through the admin API")
     tenancy.add_argument("--keys-file", type=Path, help="JSON [{tenant, tier, key}] to use")
+    tenancy.add_argument("--save-keys", type=Path, metavar="FILE",
+                         help="with --admin-token: save the keys made (mode 0600) for a later "
+                         "--keys-file; results never hold keys")
     tenancy.add_argument("--api-key", help="one key for every tenant")
     tenancy.add_argument("--slo", action="append", default=[], metavar="TIER=TTFT_S[:TPOT_S]",
                          help="SLO per tier (defaults: interactive 0.5, standard 2, batch 60)")

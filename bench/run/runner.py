@@ -50,15 +50,39 @@ from bench.run.workloads import WORKLOADS, WorkloadOptions
 from gateway.observe.waits import fetch as fetch_waits
 from gateway.observe.waits import save_png
 
+SECRET_OPTIONS = ("--admin-token", "--api-key")
 
-def _tenants(args: argparse.Namespace, url: str, admin_token: str | None,
-             out_dir: Path) -> list[TenantSpec]:
+
+def redacted(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the values of secret options (``SECRET_OPTIONS``) replaced by
+    ``REDACTED``, in both ``--opt VALUE`` and ``--opt=VALUE`` forms (and argparse's unique
+    prefixes)."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("REDACTED")
+            hide_next = False
+            continue
+        name, eq, _ = arg.partition("=")
+        is_secret = len(name) > 2 and name.startswith("--") and any(
+            option.startswith(name) for option in SECRET_OPTIONS)
+        if is_secret and eq:
+            out.append(f"{name}=REDACTED")
+        else:
+            out.append(arg)
+            hide_next = is_secret
+    return out
+
+
+def _tenants(args: argparse.Namespace, url: str, admin_token: str | None) -> list[TenantSpec]:
     if args.keys_file is not None:
         return read_keys(args.keys_file)
     tenants = parse_tenants(args.tenants)
     if admin_token:
         tenants = provision(tenants, origin_of(url), admin_token)
-        write_keys(tenants, out_dir / "keys.json")
+        if args.save_keys is not None:
+            write_keys(tenants, args.save_keys)
     elif args.api_key:
         tenants = [TenantSpec(t.name, t.tier, args.api_key) for t in tenants]
     return tenants
@@ -168,7 +192,7 @@ def run_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
             metrics_urls += fleet.worker_metrics
         url = check_loopback(url)
         admin_token = admin_token or os.environ.get("SWITCHYARD_ADMIN_TOKEN")
-        tenants = _tenants(args, url, admin_token, out_dir)
+        tenants = _tenants(args, url, admin_token)
         model = model or _model(url, tenants)
         limits = DriveLimits(mode=args.mode, concurrency=args.concurrency,
                              max_requests=args.max_requests,
@@ -187,7 +211,8 @@ def run_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
     summary["loadgen"] = {"cpu_s": cpu_s, "machine_busy_cpu_s": busy_s,
                           "cpu_us_per_request": cpu_s / len(records) * 1e6 if records else None}
     config: dict[str, Any] = {
-        "command": shlex.join(["switchyard", "bench", "run", *argv]), "url": url, "model": model,
+        "command": shlex.join(["switchyard", "bench", "run", *redacted(argv)]), "url": url,
+        "model": model,
         "workload": args.workload, "mode": args.mode, "seed": args.seed,
         "num_tenants": len(tenants), "tenants": {t.name: t.tier for t in tenants},
         "limits": {"send_window_s": limits.send_window_s, "deadline_s": limits.deadline_s,

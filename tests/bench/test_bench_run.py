@@ -19,6 +19,7 @@ from bench.run.cli import main
 from bench.run.client import retry_after_s
 from bench.run.fleet import LocalFleet, local_fleet
 from bench.run.options import OptionError, Slo, check_loopback, parse_slos, parse_tenants
+from bench.run.runner import redacted
 from bench.run.spec import Record, RequestSpec
 from bench.run.summary import Phase, summarize
 from bench.run.text import WORDS, text
@@ -251,7 +252,7 @@ def test_a_shared_prefix_run_writes_sane_results(fleet: LocalFleet, tmp_path: Pa
     assert set(summary["tiers"]) == {"interactive", "standard", "batch"}
     assert sum(d["requests"] for d in summary["workers"]["per_worker"].values()) == len(records)
     assert [p["offered_rps"] for p in summary["phases"]] == [6.0, 12.0]
-    for name in ("summary.md", "ttft_cdf.png", "e2e_cdf.png", "throughput.png", "keys.json",
+    for name in ("summary.md", "ttft_cdf.png", "e2e_cdf.png", "throughput.png",
                  "waits.json", "waits.png"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert "| **all** |" in (tmp_path / "summary.md").read_text()
@@ -261,6 +262,33 @@ def test_a_shared_prefix_run_writes_sane_results(fleet: LocalFleet, tmp_path: Pa
     assert {"interactive", "standard", "batch"} <= set(summary["waits"])
     top = summary["waits"]["standard"]["most_expensive"]["wait"]
     assert top in waits["tiers"]["standard"]["waits"]
+
+
+def test_no_secret_reaches_a_results_file(fleet: LocalFleet, tmp_path: Path) -> None:
+    """The admin token and the keys made for the run stay out of every file it writes; the
+    keys go only where --save-keys says (mode 0600)."""
+    out, keys_path = tmp_path / "out", tmp_path / "keys.json"
+    document = run(fleet, out, "--tenants", "standard:2", "--save-keys", str(keys_path),
+                   "--no-plots")
+    keys = [entry["key"] for entry in json.loads(keys_path.read_text())]
+    assert len(keys) == 2 and keys_path.stat().st_mode & 0o777 == 0o600
+    assert "--admin-token REDACTED" in document["config"]["command"]
+    secrets = [fleet.admin_token.encode(), *(key.encode() for key in keys)]
+    artefacts = [path for path in out.rglob("*") if path.is_file()]
+    assert {p.name for p in artefacts} >= {"results.json", "summary.md"}
+    leaks = {str(p.relative_to(out)) for p in artefacts for secret in secrets
+             if secret in p.read_bytes()}
+    assert leaks == set()
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--admin-token", "s3cret", "--rate", "5"], ["--admin-token", "REDACTED", "--rate", "5"]),
+    (["--api-key=sk-1", "--out", "x"], ["--api-key=REDACTED", "--out", "x"]),
+    (["--admin", "s3cret"], ["--admin", "REDACTED"]),  # argparse's unique prefix
+    (["--max-tokens", "4-8"], ["--max-tokens", "4-8"]),
+])
+def test_secret_options_are_redacted(argv: list[str], expected: list[str]) -> None:
+    assert redacted(argv) == expected
 
 
 def test_a_closed_loop_multi_turn_run_sends_turns_in_order(fleet: LocalFleet,
