@@ -267,9 +267,11 @@ class ConfigError(Exception):
 
 
 def load_settings(path: str | Path | None, environ: Mapping[str, str] | None = None, *,
-                  overrides: Mapping[str, Any] | None = None) -> Settings:
+                  overrides: Mapping[str, Any] | None = None,
+                  strict_secrets: bool = False) -> Settings:
     """Read ``path`` (optional), overlay ``SWITCHYARD_*`` variables, then ``overrides`` (top-level
-    fields; a mapping is merged one level deep), validate; or ConfigError."""
+    fields; a mapping is merged one level deep), validate; or ConfigError. ``strict_secrets``:
+    also refuse placeholder or short secrets (``secret_problems``), as ``config check`` does."""
     environ = os.environ if environ is None else environ
     data: dict[str, Any] = {}
     lines: dict[tuple[str | int, ...], int] = {}
@@ -303,8 +305,16 @@ def load_settings(path: str | Path | None, environ: Mapping[str, str] | None = N
             data[name] = value
         env_sources = {k: v for k, v in env_sources.items() if k[0] != name or
                        (isinstance(value, Mapping) and len(k) > 1 and k[1] not in value)}
+    def located(loc: tuple[str | int, ...]) -> str:
+        env_name = _env_source(loc, env_sources)
+        if env_name:
+            return f"{_format_loc(loc)} (from ${env_name})"
+        if loc in lines:
+            return f"{source}:{lines[loc]}: {_format_loc(loc)}"
+        return f"{source}: {_format_loc(loc)}"
+
     try:
-        return Settings.model_validate(data)
+        settings = Settings.model_validate(data)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
@@ -320,16 +330,35 @@ def load_settings(path: str | Path | None, environ: Mapping[str, str] | None = N
             if not loc:  # a cross-field check: reported below with its own location
                 continue
             problems.append((where, err["msg"]))
-        for loc, message in _cross_field_problems(data):
-            env_name = _env_source(loc, env_sources)
-            if env_name:
-                where = f"{_format_loc(loc)} (from ${env_name})"
-            elif loc in lines:
-                where = f"{source}:{lines[loc]}: {_format_loc(loc)}"
-            else:
-                where = f"{source}: {_format_loc(loc)}"
-            problems.append((where, message))
+        problems += [(located(loc), message) for loc, message in _cross_field_problems(data)]
         raise ConfigError(problems) from exc
+    if strict_secrets and (weak := secret_problems(settings)):
+        raise ConfigError([(located(loc), message) for loc, message in weak])
+    return settings
+
+
+# Secrets shorter than these are refused by `config check` (outside --dev).
+MIN_SECRET_CHARS = {"admin_token": 16, "key_secret": 32}
+_PLACEHOLDER_MARKS = ("change-me", "changeme", "change_me", "placeholder", "replace-me")
+
+
+def secret_problems(settings: Settings) -> list[tuple[tuple[str | int, ...], str]]:
+    """Placeholder or short secrets: what a production configuration must not carry."""
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    for name, minimum in MIN_SECRET_CHARS.items():
+        secret = getattr(settings, name)
+        if secret is None:
+            continue
+        value = secret.get_secret_value()
+        if any(mark in value.lower() for mark in _PLACEHOLDER_MARKS):
+            problems.append(((name,), "is a placeholder from an example; set a random secret "
+                             f"of at least {minimum} characters (e.g. `openssl rand -hex "
+                             f"{minimum}`), or check a development file with --dev"))
+        elif len(value) < minimum:
+            problems.append(((name,), f"is {len(value)} characters; use at least {minimum} "
+                             f"random characters (e.g. `openssl rand -hex {minimum}`), or "
+                             "check a development file with --dev"))
+    return problems
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:

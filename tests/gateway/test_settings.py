@@ -16,7 +16,7 @@ listen:
   host: 0.0.0.0
   port: 9000
 redis_url: redis://10.0.0.5:6379/1
-admin_token: t0ken
+admin_token: t0ken-9f2c41d87a3b5e60
 backends:
   - name: a
     url: http://127.0.0.1:19001/
@@ -77,7 +77,7 @@ def test_good_file_loads(tmp_path: Path) -> None:
     assert settings.listen.port == 9000
     assert settings.redis_url == "redis://10.0.0.5:6379/1"
     assert settings.admin_token is not None
-    assert settings.admin_token.get_secret_value() == "t0ken"
+    assert settings.admin_token.get_secret_value() == "t0ken-9f2c41d87a3b5e60"
     assert [b.name for b in settings.backends] == ["a", "b"]
     assert settings.backends[0].url == "http://127.0.0.1:19001"  # trailing slash dropped
     assert settings.backends[1].weight == 2
@@ -319,3 +319,25 @@ def test_an_empty_admin_token_is_refused(tmp_path: Path, token: str) -> None:
     assert "leave admin_token unset" in errors[0][1]
     blank_env = config_errors(None, {"SWITCHYARD_ADMIN_TOKEN": " "})
     assert blank_env[0][0] == "admin_token (from $SWITCHYARD_ADMIN_TOKEN)", blank_env
+
+
+@pytest.mark.parametrize(("secrets", "expected"), [
+    pytest.param("admin_token: change-me-admin-token\n", [(1, "admin_token", "placeholder")],
+                 id="placeholder-token"),
+    pytest.param("admin_token: short\nkey_secret: also-too-short\n",
+                 [(1, "admin_token", "is 5 characters"), (2, "key_secret", "is 14 characters")],
+                 id="short"),
+    pytest.param("admin_token: 3f9a0c1e5b7d2a4c6e8f\n"
+                 "key_secret: 0123456789abcdef0123456789abcdef\n", [], id="strong"),
+])
+def test_config_check_refuses_weak_secrets_outside_dev(
+        tmp_path: Path, secrets: str, expected: list[tuple[int, str, str]]) -> None:
+    path = write(tmp_path, secrets + MINIMAL_BACKEND)
+    result = run_cli("config", "check", str(path))
+    assert result.returncode == (1 if expected else 0), result.stderr
+    for line, name, words in expected:
+        [message] = [m for m in result.stderr.splitlines() if f"{path}:{line}: {name}: " in m]
+        assert words in message and "--dev" in message
+    assert run_cli("config", "check", "--dev", str(path)).returncode == 0
+    # The server itself takes what it is given (a development fleet runs on placeholders).
+    assert load_settings(path).admin_token is not None
