@@ -125,7 +125,7 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
         redis, quotas = state.redis, state.quotas
         upstream = UpstreamClient(settings.upstream)
         await upstream.start()
-        metrics = GatewayMetrics(registry.models(), [b.name for b in backends])
+        metrics = GatewayMetrics([b.name for b in backends])
         router = make_router(settings.routing, registry,
                              default_output_tokens=settings.admission.default_output_tokens)
         admission = settings.admission

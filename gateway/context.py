@@ -36,3 +36,5 @@ class Gateway:
 
 GATEWAY = web.AppKey("gateway", Gateway)
 REQUEST_ID = web.RequestKey("switchyard_request_id", str)
+# Set when the client went away before its response was complete (counted as 499).
+CLIENT_LEFT = web.RequestKey("switchyard_client_left", bool)

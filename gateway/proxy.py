@@ -31,7 +31,7 @@ from gateway.admit import (
     renew_lease,
     tier_for,
 )
-from gateway.context import GATEWAY, REQUEST_ID, Gateway
+from gateway.context import CLIENT_LEFT, GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, error_body
 from gateway.observe.telemetry import REQUEST_TRACE, TELEMETRY
 from gateway.router import RoutePlan, reported_cache_usage
@@ -61,7 +61,12 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
     status = 500
     gw.num_in_flight += 1
     try:
-        principal = await gw.auth.authenticate(request.headers.get("Authorization"))
+        try:
+            principal = await gw.auth.authenticate(request.headers.get("Authorization"))
+        except APIError as exc:
+            if exc.status in (401, 403):
+                gw.metrics.auth_failures.labels(exc.code or "unknown").inc()
+            raise
         trace.waited("auth", started)
         raw = await _read_json_body(request, gw)
         parsed = parse_completion_body(raw, route=route)
@@ -99,18 +104,22 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
         finally:
             finish_quota(ticket)
             gw.slo.finished(admitted, plan.request.num_prompt_tokens + ticket.num_output_tokens)
-        status = response.status
+        status = 499 if request.get(CLIENT_LEFT) else response.status
         return response
     except APIError as exc:
         status = exc.status
         raise
-    except asyncio.CancelledError:
-        status = 499  # client closed the connection
+    except web.HTTPException as exc:  # aiohttp's own (413 for a body over the limit, ...)
+        status = exc.status
+        raise
+    except (asyncio.CancelledError, ConnectionResetError, aiohttp.ClientConnectionResetError):
+        status = 499  # the client closed the connection
         gw.metrics.client_disconnects.inc()
         raise
     finally:
         gw.num_in_flight -= 1
-        gw.metrics.observe_request(route, model, status, time.perf_counter() - started)
+        gw.metrics.observe_request(route, model if gw.registry.serves(model) else None, status,
+                                   time.perf_counter() - started)
         trace.finish(status)
 
 
@@ -333,6 +342,7 @@ async def _relay_stream(
         )
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         gw.metrics.client_disconnects.inc()  # the client went away while we wrote
+        request[CLIENT_LEFT] = True
         return out
     else:
         await out.write_eof()

@@ -18,9 +18,8 @@ _LATENCY_BUCKETS_S = (
 
 
 class GatewayMetrics:
-    def __init__(self, known_models: list[str], backend_names: list[str]) -> None:
+    def __init__(self, backend_names: list[str]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._known_models = frozenset(known_models)
         self.requests = Counter(
             "switchyard_requests",
             "Completion requests by route, model and HTTP status.",
@@ -97,8 +96,11 @@ class GatewayMetrics:
         self.routing_prompt_tokens.inc(num_prompt_tokens)
         self.routing_expected_cached_tokens.inc(num_expected_cached_tokens)
 
-    def observe_request(self, route: str, model: str, status: int, duration_s: float) -> None:
-        label = model if model in self._known_models else "other"
+    def observe_request(self, route: str, model: str | None, status: int,
+                        duration_s: float) -> None:
+        """One finished request; ``model``: a model the fleet serves (a bounded set), or None
+        (unknown, or not read: labelled ``other``)."""
+        label = model or "other"
         key = (route, label, status)
         child = self._request_children.get(key)
         if child is None:

@@ -69,6 +69,9 @@ def test_workers_join_by_heartbeat_and_leave_when_it_expires(tmp_path: Path) -> 
             return (data[0]["num_prefix_kv_blocks"] or 0) > 0
 
         assert wait_until(prefix_blocks_reported, timeout_s=5)
+        # The model came with the worker, after the gateway started: its own label.
+        assert 'switchyard_requests_total{model="switchyard-sim",route="chat",status="200"} 3.0' \
+            in httpx.get(gateway.url + "/metrics").text
         second, _ = _start_sim(group, redis_url, 2)
         served: set[str] = set()
 
