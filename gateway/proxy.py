@@ -82,6 +82,9 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
                 "you may use.", code="model_not_allowed", param="model",
             )
         plan = gw.router.describe(model, parsed.body, principal.tenant.id)
+        if (why := gw.router.unservable(plan.request)) is not None:
+            raise APIError.bad_request(why, param="messages" if route == "chat" else "prompt",
+                                       code="context_length_exceeded")
         tier = tier_for(gw.slo, principal, request.headers.get(TIER_HEADER))
         trace.admitted(tier.name, principal.tenant.id, model, plan)
         waited_s = time.perf_counter()

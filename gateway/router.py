@@ -33,6 +33,7 @@ from typing import Any
 from admission.headroom import backend_free_slots
 from backends.fleet.registry import Backend, BackendRegistry
 from backends.tokenizer import Tokenizer
+from routing.fit import holds
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex
 from routing.prefix import char_block_hashes, token_block_hashes
@@ -133,10 +134,11 @@ class Router:
         block_hashes: tuple[int, ...] = ()
         tokenizer = self.tokenizers.get(model)
         num_prompt_tokens = max(1, len(text) // 4)
+        is_exact_count = False
         if tokenizer is not None:
             ids = self._token_ids(tokenizer, body)
             if ids is not None:
-                num_prompt_tokens = len(ids)
+                num_prompt_tokens, is_exact_count = len(ids), True
                 block_hashes = tuple(token_block_hashes(
                     ids, self.block_size, model, body.get("cache_salt") or None))
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
@@ -145,9 +147,27 @@ class Router:
         request = RouteRequest(
             model=model, num_prompt_tokens=num_prompt_tokens, block_hashes=block_hashes,
             char_hashes=char_hashes, session_key=session if isinstance(session, str) else None,
-            tenant_id=tenant_id, max_tokens=max_tokens,
+            tenant_id=tenant_id, max_tokens=max_tokens, is_exact_count=is_exact_count,
         )
         return RoutePlan(request, num_prompt_tokens + (max_tokens or self.default_output_tokens))
+
+    def unservable(self, request: RouteRequest) -> str | None:
+        """Why no backend serving the model could ever hold ``request`` (its context length or
+        its whole KV cache, whatever their health now), or None. Only for an exact count: an
+        estimate is the engines' to judge (``ResourcesFilter``)."""
+        if not request.is_exact_count:
+            return None
+        pool = self.registry.for_model(request.model)
+        num_tokens = request.num_prompt_tokens + (request.max_tokens or 0)
+        if not pool or any(holds(b.profile, num_tokens) for b in pool):
+            return None
+        limits = [min(n for n in (b.profile.max_context_tokens, b.profile.kv_capacity_tokens)
+                      if n is not None) for b in pool]  # each has one: none holds the request
+        largest = f" (the most one holds: {max(limits):,} tokens)"
+        output = (f" + max_tokens {request.max_tokens:,}" if request.max_tokens else "")
+        return (f"This request needs {num_tokens:,} tokens (prompt {request.num_prompt_tokens:,}"
+                f"{output}), more than any backend serving {request.model!r} can hold"
+                f"{largest}; shorten the prompt or lower max_tokens.")
 
     def _token_ids(self, tokenizer: Tokenizer, body: dict[str, Any]) -> list[int] | None:
         messages = body.get("messages")

@@ -27,7 +27,7 @@ Example::
 
 from __future__ import annotations
 
-from routing.types import BackendState
+from routing.types import BackendProfile, BackendState
 
 EXPECTED_OUTPUT_TOKENS = 256
 
@@ -38,6 +38,16 @@ def needed_kv_tokens(num_prompt_tokens: int, num_cached_tokens: int,
     output = EXPECTED_OUTPUT_TOKENS if max_tokens is None else min(max(0, max_tokens),
                                                                    EXPECTED_OUTPUT_TOKENS)
     return max(0, num_prompt_tokens - num_cached_tokens) + output
+
+
+def holds(profile: BackendProfile, num_tokens: int) -> bool:
+    """Whether a backend with ``profile`` could ever hold a sequence of ``num_tokens`` (prompt
+    and output): its context length and its whole KV cache, where it states them."""
+    if profile.max_context_tokens is not None and profile.max_context_tokens < num_tokens:
+        return False
+    num_kv_blocks, block_size = profile.num_kv_blocks, profile.block_size
+    # ceil(num_tokens / block_size) <= num_kv_blocks, without the division
+    return num_kv_blocks is None or not block_size or num_kv_blocks * block_size >= num_tokens
 
 
 def free_kv_tokens(backend: BackendState, *, max_age_s: float) -> int | None:

@@ -28,6 +28,7 @@ class RouteRequest:
     session_key: str | None = None  # a session header or the `user` field
     tenant_id: str | None = None
     max_tokens: int | None = None
+    is_exact_count: bool = False  # num_prompt_tokens came from the model's tokenizer
 
 
 @dataclass(frozen=True, slots=True)

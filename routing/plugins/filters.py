@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from routing.fit import fits, needed_kv_tokens
+from routing.fit import fits, holds, needed_kv_tokens
 from routing.plugin import Cycle, check_number
 from routing.registry import register_filter
 from routing.types import BackendState
@@ -140,11 +140,13 @@ class BalancedFilter:
 
 @register_filter("resources")
 class ResourcesFilter:
-    """Backends whose advertised profile can hold the whole request.
+    """Backends whose advertised profile can hold the whole request (``routing.fit.holds``).
 
     Needs ``max_context_tokens >= prompt + max_tokens`` and a KV cache of at least
     ``ceil((prompt + max_tokens) / block_size)`` blocks. A limit the backend does not advertise
-    does not filter.
+    does not filter. When the prompt's size is only estimated from its characters
+    (``RouteRequest.is_exact_count`` false) and no backend passes, all are kept: the engines,
+    which count exactly, decide (and answer their own ``context_length_exceeded``).
     """
 
     soft: ClassVar[bool] = False
@@ -152,16 +154,7 @@ class ResourcesFilter:
     def filter(self, cycle: Cycle, candidates: list[BackendState]) -> list[BackendState]:
         request = cycle.request
         num_tokens = request.num_prompt_tokens + (request.max_tokens or 0)
-        kept = []
-        for backend in candidates:
-            profile = backend.profile
-            max_context_tokens = profile.max_context_tokens
-            if max_context_tokens is not None and max_context_tokens < num_tokens:
-                continue
-            num_kv_blocks = profile.num_kv_blocks
-            # ceil(num_tokens / block_size) <= num_kv_blocks, without the division
-            if (num_kv_blocks is not None and profile.block_size
-                    and num_kv_blocks * profile.block_size < num_tokens):
-                continue
-            kept.append(backend)
+        kept = [backend for backend in candidates if holds(backend.profile, num_tokens)]
+        if not kept and not request.is_exact_count:
+            return list(candidates)
         return kept
