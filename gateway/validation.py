@@ -83,6 +83,8 @@ def parse_completion_body(raw: bytes, *, route: str) -> CompletionRequest:
         _check_stop(body["stop"])
     if "user" in body and not isinstance(body["user"], str | None):
         raise _type_error("user", "a string", body["user"])
+    if "cache_salt" in body and not isinstance(body["cache_salt"], str | None):
+        raise _type_error("cache_salt", "a string", body["cache_salt"])
     return CompletionRequest(model=model, is_stream=stream, body=body)
 
 
@@ -143,15 +145,30 @@ def _check_prompt(body: dict[str, Any]) -> None:
         if all(isinstance(p, str) for p in prompt):
             return
         if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            _check_token_ids(prompt)
             return
         if isinstance(first, list) and all(
             isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
             for p in prompt
         ):
+            for ids in prompt:
+                _check_token_ids(ids)
             return
     raise _type_error(
         "prompt", "a string, an array of strings, or an array of token-id arrays", prompt
     )
+
+
+MAX_TOKEN_ID = 2**32 - 1  # what any engine's vocabulary (and the prefix hashes) can hold
+
+
+def _check_token_ids(ids: list[int]) -> None:
+    for token in ids:
+        if not 0 <= token <= MAX_TOKEN_ID:
+            raise APIError.bad_request(
+                f"Invalid token id in 'prompt': {token}; token ids are integers from 0 to "
+                f"{MAX_TOKEN_ID} (and below the model's vocabulary size).", param="prompt",
+                code="invalid_value")
 
 
 def _check_stream_options(options: Any) -> None:

@@ -95,6 +95,16 @@ def parse_engine_request(
     )
 
 
+def checked_token_ids(ids: list[int], vocab_size: int) -> list[int]:
+    """A prompt given as token ids, each checked to be in the model's vocabulary."""
+    for index, token in enumerate(ids):
+        if not 0 <= token < vocab_size:
+            raise EngineRequestError(
+                400, f"'prompt'[{index}] is token id {token}, outside this model's vocabulary "
+                f"(ids 0 to {vocab_size - 1}).", "prompt", "invalid_token_id")
+    return list(ids)
+
+
 def _chat_ids(body: dict[str, Any], tokenizer: Tokenizer) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -115,8 +125,8 @@ def _prompt_ids(body: dict[str, Any], tokenizer: Tokenizer) -> list[int]:
         prompt = prompt[0]
     if isinstance(prompt, str):
         return tokenizer.encode(prompt)
-    if isinstance(prompt, list) and prompt and all(type(t) is int and t >= 0 for t in prompt):
-        return list(prompt)
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return checked_token_ids(prompt, tokenizer.vocab_size)
     raise EngineRequestError(
         400, "'prompt' must be a string or an array of token ids (batches of prompts are not "
         "supported by the simulated engine).", "prompt",

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from backends.engine_core.request import EngineRequest, EngineRequestError
+from backends.engine_core.request import EngineRequest, EngineRequestError, checked_token_ids
 from backends.tokenizer import ChatTemplateError, Tokenizer
 from backends.worker.sampling import MAX_STOP_STRINGS, SamplingParams
 
@@ -200,8 +200,11 @@ def _prompt_ids(body: dict[str, Any], tokenizer: Tokenizer) -> list[int]:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str) and prompt:
         return tokenizer.encode(prompt)
-    if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
-        return list(prompt)
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        try:
+            return checked_token_ids(prompt, tokenizer.vocab_size)
+        except EngineRequestError as exc:
+            raise RequestError(exc.status, exc.message, exc.param, exc.code) from None
     raise RequestError(
         400, "'prompt' must be a non-empty string or a non-empty array of token ids (this "
         "worker takes one prompt per request: send a batch as separate requests).", "prompt")

@@ -5,7 +5,8 @@ could serve, but not now, is a 503 with Retry-After. One case per filter that ca
 from __future__ import annotations
 
 import signal
-from pathlib import Path
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -52,8 +53,16 @@ def _served(urls: list[str]) -> float:
     return total
 
 
+@dataclass(frozen=True)
+class Fleet:
+    sims: Any  # the one process running both workers
+    urls: list[str]
+    exact: Gateway  # knows the model's tokenizer
+    estimated: Gateway  # does not
+
+
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     workdir = tmp_path_factory.mktemp("truthful-errors")
     with ProcessGroup(log_dir=workdir) as group:
         redis_url = start_redis(group, workdir)
@@ -66,16 +75,16 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
         # None configured: sizes are estimated from characters, and the engines judge.
         estimated = Gateway(group, workdir, redis_url, backends,
                             routing={"discover_workers": False})
-        yield group, proc, urls, exact, estimated
+        yield Fleet(proc, urls, exact, estimated)
 
 
 @pytest.mark.parametrize(("words", "max_tokens", "why"), [
     pytest.param(2000, 16, "the prompt alone", id="prompt-over-the-context"),
     pytest.param(200, 2000, "prompt and max_tokens", id="output-over-the-context"),
 ])
-def test_what_no_backend_can_hold_is_a_400_at_once(fleet: Any, words: int, max_tokens: int,
+def test_what_no_backend_can_hold_is_a_400_at_once(fleet: Fleet, words: int, max_tokens: int,
                                                    why: str) -> None:
-    _, _, urls, exact, _ = fleet
+    urls, exact = fleet.urls, fleet.exact
     before = _served(urls)
     answer = _chat(exact, exact.new_key(), words, max_tokens)
     assert answer.status_code == 400, (why, answer.text)
@@ -87,8 +96,8 @@ def test_what_no_backend_can_hold_is_a_400_at_once(fleet: Any, words: int, max_t
     assert _served(urls) == before  # decided at the gateway: no upstream work
 
 
-def test_an_estimated_size_lets_the_engine_answer(fleet: Any) -> None:
-    _, _, _, _, estimated = fleet
+def test_an_estimated_size_lets_the_engine_answer(fleet: Fleet) -> None:
+    estimated = fleet.estimated
     answer = _chat(estimated, estimated.new_key(), 2000, 16)
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
@@ -96,8 +105,8 @@ def test_an_estimated_size_lets_the_engine_answer(fleet: Any) -> None:
     assert f"maximum context length is {CONTEXT} tokens" in error["message"]  # the engine's
 
 
-def test_the_openai_sdk_gets_the_400_without_retrying(fleet: Any) -> None:
-    _, _, urls, exact, _ = fleet
+def test_the_openai_sdk_gets_the_400_without_retrying(fleet: Fleet) -> None:
+    exact = fleet.exact
     client = openai.OpenAI(base_url=exact.url + "/v1", api_key=exact.new_key(), max_retries=2)
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=MODEL, max_tokens=16, messages=[
@@ -106,9 +115,9 @@ def test_the_openai_sdk_gets_the_400_without_retrying(fleet: Any) -> None:
     assert refused.value.response.headers.get("x-request-id")
 
 
-def test_a_fleet_that_could_serve_but_not_now_is_a_503(fleet: Any) -> None:
+def test_a_fleet_that_could_serve_but_not_now_is_a_503(fleet: Fleet) -> None:
     """Last, as it stops the workers: a request that fits, with every worker down."""
-    group, proc, urls, exact, _ = fleet
+    proc, exact = fleet.sims, fleet.exact
     key = exact.new_key()
     assert _chat(exact, key, 50, 8).status_code == 200
     proc.send_signal(signal.SIGSTOP)  # accepts connections, answers nothing: health fails

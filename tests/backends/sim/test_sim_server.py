@@ -104,6 +104,10 @@ def test_openai_sdk_chat_and_completions_stream_and_not(fleet: SimFleet) -> None
                      id="max-tokens-zero"),
         pytest.param({"model": MODEL, "prompt": "hi", "n": 3}, 400, "n", id="n-above-one"),
         pytest.param({"model": MODEL, "prompt": 5}, 400, "prompt", id="prompt-not-text"),
+        pytest.param({"model": MODEL, "prompt": [1, -1]}, 400, "prompt", id="token-id-negative"),
+        pytest.param({"model": MODEL, "prompt": [2**32]}, 400, "prompt", id="token-id-huge"),
+        pytest.param({"model": MODEL, "prompt": [10**9]}, 400, "prompt",
+                     id="token-id-outside-the-vocabulary"),
         pytest.param({"model": "other", "prompt": "hi"}, 404, "model", id="unknown-model"),
     ],
 )
