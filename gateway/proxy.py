@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -88,7 +89,10 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
         tier = tier_for(gw.slo, principal, request.headers.get(TIER_HEADER))
         trace.admitted(tier.name, principal.tenant.id, model, plan)
         waited_s = time.perf_counter()
-        ticket = await admit_quota(gw.quotas, principal, plan, request[REQUEST_ID])
+        # Leases and queue places are this request's own: a client's x-request-id is only a
+        # label (two requests that share one must not share a concurrency slot).
+        own_id = f"{request[REQUEST_ID]}#{os.urandom(6).hex()}"
+        ticket = await admit_quota(gw.quotas, principal, plan, own_id)
         if ticket.is_limited:
             trace.waited("quota", waited_s)
         admitted: Admitted | None = None
@@ -96,8 +100,7 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
             trace.waiting("admission_queue")
             plan.needs_free_slot = gw.slo.is_enabled
             try:
-                admitted = await gw.slo.admit(tier, principal.tenant, plan, request[REQUEST_ID],
-                                              body=raw)
+                admitted = await gw.slo.admit(tier, principal.tenant, plan, own_id, body=raw)
             except AdmissionRefused as refused:
                 raise overloaded(refused) from None
             if admitted.snapshot is not None:  # routing reuses it: no second snapshot

@@ -87,6 +87,32 @@ def test_concurrency_lease_released_on_completion_and_on_disconnect(gateway: Gat
     assert time.monotonic() - began < 2.0
 
 
+def test_a_shared_request_id_does_not_share_a_concurrency_slot(gateway: Gateway) -> None:
+    """Two requests with one client x-request-id: the second is still the second in flight."""
+    key = gateway.new_key(limits={"max_concurrent": 1})
+    headers = {"Authorization": f"Bearer {key}", "x-request-id": "same-id-for-all"}
+    started = threading.Event()
+
+    def hold_stream() -> None:
+        with httpx.stream("POST", gateway.url + "/v1/chat/completions", timeout=30,
+                          headers=headers, json={
+                              "model": MODEL, "messages": [{"role": "user", "content": "a b"}],
+                              "stream": True, "max_tokens": 40,
+                              "mock": {"token_delay_ms": 50}}) as r:
+            for _ in r.iter_lines():
+                started.set()
+
+    holder = threading.Thread(target=hold_stream)
+    holder.start()
+    assert started.wait(10)
+    second = httpx.post(gateway.url + "/v1/chat/completions", headers=headers, timeout=30,
+                        json={"model": MODEL, "messages": [{"role": "user", "content": "c"}]})
+    holder.join()
+    assert second.status_code == 429, second.text
+    assert second.headers["x-request-id"] == "same-id-for-all"  # still the client's label
+    assert wait_until(lambda: _post(gateway, key).status_code == 200, timeout_s=3)
+
+
 def test_unlimited_tenants_get_no_rate_limit_headers(gateway: Gateway, api_key: str) -> None:
     response = _post(gateway, api_key)
     assert response.status_code == 200
