@@ -10,25 +10,17 @@ Example::
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
-import yaml
 
-from gateway.cli.localproc import (
-    ProcessGroup,
-    free_port,
-    python_module_argv,
-    start_redis,
-    wait_http,
-)
+from gateway.cli.localfleet import MOCK_MODEL, LocalFleet
+from gateway.cli.localproc import free_port, python_module_argv, wait_http
 
-MODEL = "switchyard-mock"
+MODEL = MOCK_MODEL
 CHAT_PATH = "/v1/chat/completions"
 
 
@@ -55,65 +47,23 @@ class BenchFleet:
 @contextmanager
 def bench_fleet(workdir: Path, model: str = MODEL) -> Iterator[BenchFleet]:
     """Start everything, create a tenant and key through the admin API; stop it all on exit."""
-    group = ProcessGroup(log_dir=workdir)
-    try:
-        redis_url = start_redis(group, workdir)
-        engine_port = free_port()
-        engine_url = f"http://127.0.0.1:{engine_port}"
-        engine = group.spawn(
-            "engine", python_module_argv("backends.mock", "--port", str(engine_port),
-                                         "--model", model),
-        )
-        wait_http(engine_url + "/health", group=group)
+    with LocalFleet(workdir, grace_s=5) as fleet:
+        [engine_url] = fleet.start_mocks(["engine"], model=model)
         floor_port = free_port()
-        floor = group.spawn(
+        floor = fleet.group.spawn(
             "bare-proxy", python_module_argv("bench.overhead.bare_proxy", "--port", str(floor_port),
                                              "--upstream", engine_url),
         )
         floor_url = f"http://127.0.0.1:{floor_port}"
-        wait_http(floor_url + "/health", group=group)
-        admin_token = secrets.token_urlsafe(24)
-        gateway_port = free_port()
-        config: dict[str, Any] = {
-            "listen": {"host": "127.0.0.1", "port": gateway_port},
-            "redis_url": redis_url,
-            "admin_token": admin_token,
-            "key_secret": secrets.token_urlsafe(32),
+        wait_http(floor_url + "/health", group=fleet.group)
+        gateway = fleet.start_gateway({
             "backends": [{"name": "engine", "url": engine_url, "models": [model]}],
             "log_level": "warning",
-        }
-        config_path = workdir / "gateway.yaml"
-        config_path.write_text(yaml.safe_dump(config))
-        gateway = group.spawn(
-            "gateway", python_module_argv("gateway", "serve", "--config", str(config_path)),
-        )
-        gateway_url = f"http://127.0.0.1:{gateway_port}"
-        try:
-            wait_http(gateway_url + "/readyz", group=group)
-        except RuntimeError as exc:
-            log_tail = _tail(workdir / "gateway.log")
-            raise RuntimeError(f"{exc}\n--- gateway log ---\n{log_tail}") from None
+        })
+        api_key = fleet.create_tenant_key(gateway.url, {"name": "bench", "models": [model]},
+                                          name="bench")
         yield BenchFleet(
-            engine_url=engine_url, engine_pid=engine.pid, gateway_url=gateway_url,
+            engine_url=engine_url, engine_pid=fleet.pids()["engine"], gateway_url=gateway.url,
             gateway_pid=gateway.pid, floor_url=floor_url, floor_pid=floor.pid,
-            api_key=_new_key(gateway_url, admin_token, model), model=model,
+            api_key=api_key, model=model,
         )
-    finally:
-        group.stop_all(grace_s=5)
-
-
-def _new_key(gateway_url: str, admin_token: str, model: str) -> str:
-    headers = {"Authorization": f"Bearer {admin_token}"}
-    with httpx.Client(base_url=gateway_url, headers=headers, timeout=10) as admin:
-        tenant = admin.post("/admin/tenants", json={"name": "bench", "models": [model]})
-        tenant.raise_for_status()
-        key = admin.post("/admin/keys", json={"tenant_id": tenant.json()["id"], "name": "bench"})
-        key.raise_for_status()
-        return str(key.json()["key"])
-
-
-def _tail(path: Path, num_lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:])
-    except OSError:
-        return "(no log)"

@@ -18,7 +18,6 @@ is switched off: only routing is compared. Example::
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,21 +25,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-import yaml
 
 from backends.fleet.prom import metric_sums
 from bench.common.fleet_modes import Mode, describe, static_backends, wait_for_backends
 from bench.run.workers import parse_counters
-from gateway.cli.localproc import (
-    ProcessGroup,
-    free_port,
-    free_port_range,
-    python_module_argv,
-    start_redis,
-    wait_http,
-)
+from gateway.cli.localfleet import SIM_MODEL, LocalFleet
 
-MODEL = "switchyard-sim"
+MODEL = SIM_MODEL
 Index = Literal["approx", "exact"]
 # Counters read from each worker before and after a run (see `scrape_workers`).
 _EXTRA_COUNTERS = {"generation_tokens": "vllm:generation_tokens_total",
@@ -87,8 +78,7 @@ class RoutingFleet:
     backends: Mapping[str, Any]  # how the gateway knows them (`bench.common.fleet_modes.describe`)
 
 
-def _gateway_config(spec: FleetSpec, port: int, redis_url: str, admin_token: str,
-                    worker_urls: list[str]) -> dict[str, Any]:
+def _gateway_settings(spec: FleetSpec, worker_urls: list[str]) -> dict[str, Any]:
     routing: dict[str, Any] = {"profile": spec.profile}
     if spec.index == "exact":
         routing["tokenizers"] = {MODEL: "approx"}
@@ -96,59 +86,33 @@ def _gateway_config(spec: FleetSpec, port: int, redis_url: str, admin_token: str
     if spec.mode == "third-party":
         routing["discover_workers"] = False
         backends = static_backends(worker_urls, MODEL)
-    return {
-        "listen": {"host": "127.0.0.1", "port": port},
-        "redis_url": redis_url,
-        "admin_token": admin_token,
-        "key_secret": secrets.token_urlsafe(32),
-        "backends": backends,
-        "routing": routing,
-        "admission": {"slo_enabled": False},
-        "log_level": "warning",
-    }
+    return {"backends": backends, "routing": routing, "admission": {"slo_enabled": False},
+            "log_level": "warning"}
 
 
 @contextmanager
 def routing_fleet(spec: FleetSpec, workdir: Path) -> Iterator[RoutingFleet]:
     """Start redis, the workers and the gateway; stop them all on exit."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    group = ProcessGroup(log_dir=workdir)
-    try:
-        redis_url = start_redis(group, workdir)
-        base_port = free_port_range(spec.num_workers)
-        worker_urls = [f"http://127.0.0.1:{base_port + i}" for i in range(spec.num_workers)]
-        sim_args = ["--workers", str(spec.num_workers), "--base-port", str(base_port),
-                    "--model", MODEL, "--tokenizer", "approx"]
-        if spec.mode == "own":
-            sim_args += ["--redis-url", redis_url]
+    with LocalFleet(workdir, grace_s=5) as fleet:
+        flags = []
         if spec.num_kv_blocks is not None:
-            sim_args += ["--num-kv-blocks", str(spec.num_kv_blocks)]
+            flags += ["--num-kv-blocks", str(spec.num_kv_blocks)]
         if spec.speed_factor is not None:
-            sim_args += ["--speed-factor", str(spec.speed_factor)]
-        group.spawn("sim", python_module_argv("backends.sim", *sim_args))
-        if spec.mode == "third-party":
-            # Up before the gateway, whose first look reads their profiles before it serves.
-            for url in worker_urls:
-                wait_http(url + "/health", timeout_s=30, group=group)
-        admin_token = secrets.token_urlsafe(24)
-        port = free_port()
-        config_path = workdir / "gateway.yaml"
-        config_path.write_text(yaml.safe_dump(
-            _gateway_config(spec, port, redis_url, admin_token, worker_urls), sort_keys=False))
-        config_path.chmod(0o600)
-        # Own mode: the workers join the gateway through Redis whenever both are up.
-        group.spawn("gateway", python_module_argv("gateway", "serve", "--config",
-                                                  str(config_path)))
-        origin = f"http://127.0.0.1:{port}"
-        wait_http(origin + "/healthz", timeout_s=30, group=group)
-        snapshot = wait_for_backends(origin, admin_token, spec.num_workers, spec.mode, group)
-        yield RoutingFleet(url=origin + "/v1", redis_url=redis_url, admin_token=admin_token,
-                           model=MODEL,
+            flags += ["--speed-factor", str(spec.speed_factor)]
+        # Third-party: up before the gateway, whose first look reads their profiles before it
+        # serves. Own mode: the workers join the gateway through Redis whenever both are up.
+        is_own = spec.mode == "own"
+        worker_urls = fleet.start_sims(spec.num_workers, model=MODEL, has_redis=is_own,
+                                       flags=flags, health_timeout_s=None if is_own else 30)
+        gateway = fleet.start_gateway(_gateway_settings(spec, worker_urls),
+                                      ready_path="/healthz", ready_timeout_s=30)
+        snapshot = wait_for_backends(gateway.url, fleet.admin_token, spec.num_workers,
+                                     spec.mode, fleet.group)
+        yield RoutingFleet(url=gateway.url + "/v1", redis_url=fleet.redis_url,
+                           admin_token=fleet.admin_token, model=MODEL,
                            worker_urls={b["name"]: b["url"] for b in snapshot},
-                           pids={name: child.pid for name, child in group.children},
+                           pids={name: child.pid for name, child in fleet.group.children},
                            backends=describe(snapshot))
-    finally:
-        group.stop_all(grace_s=5)
 
 
 def _scrape_one(client: httpx.Client, url: str) -> dict[str, float]:

@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -147,21 +147,31 @@ def start_redis(group: ProcessGroup, workdir: Path, port: int | None = None) -> 
     raise RuntimeError(f"redis-server did not start on port {port}")
 
 
-def wait_http(url: str, timeout_s: float = 20.0, group: ProcessGroup | None = None) -> None:
-    """Poll ``url`` until it answers 200; fail early if a child of ``group`` died."""
+class Stopped(Exception):
+    """A stop was asked for (``is_stopped()``) while waiting for a child."""
+
+
+def wait_http(url: str, timeout_s: float = 20.0, group: ProcessGroup | None = None, *,
+              is_stopped: Callable[[], bool] | None = None, is_clean_exit_ok: bool = True,
+              poll_s: float = 0.05, request_timeout_s: float = 1.0) -> None:
+    """Poll ``url`` until it answers 200; fail early if a child of ``group`` died (with
+    ``is_clean_exit_ok`` only a failed one, see `ProcessGroup.dead_child`), and raise `Stopped`
+    as soon as ``is_stopped()``."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
     while time.monotonic() < deadline:
-        if group is not None and (dead := group.dead_child()):
+        if is_stopped is not None and is_stopped():
+            raise Stopped
+        if group is not None and (dead := group.dead_child(is_clean_exit_ok=is_clean_exit_ok)):
             raise RuntimeError(f"{dead} exited while waiting for {url}")
         try:
-            response = httpx.get(url, timeout=1.0)
+            response = httpx.get(url, timeout=request_timeout_s)
             if response.status_code == 200:
                 return
             last = f"HTTP {response.status_code}: {response.text[:200]}"
         except httpx.HTTPError as exc:
             last = str(exc) or exc.__class__.__name__
-        time.sleep(0.05)
+        time.sleep(poll_s)
     raise RuntimeError(f"{url} not ready after {timeout_s:g} s ({last})")
 
 

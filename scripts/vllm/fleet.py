@@ -18,33 +18,25 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import secrets
-import signal
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
-
-import httpx
-import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
-from gateway.cli.localproc import ProcessGroup, free_port, start_redis  # noqa: E402
+from gateway.cli.localfleet import WORKER_MODEL, LocalFleet, catch_stop_signals  # noqa: E402
+from gateway.cli.localproc import ProcessGroup, Stopped, free_port, wait_http  # noqa: E402
 from gateway.cli.up import _demo_key, _print_banner  # noqa: E402
 
-MODEL = "SmolLM2-135M-Instruct"
+MODEL = WORKER_MODEL
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
 DEFAULT_MODEL_DIR = REPO_ROOT / ".cache" / "smollm2-hf"
-
-
-class Stopped(Exception):
-    """Ctrl-C or SIGTERM arrived while the fleet was starting."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -107,32 +99,15 @@ def vllm_env(args: argparse.Namespace, index: int) -> dict[str, str]:
 
 def wait_ready(url: str, group: ProcessGroup, timeout_s: float,
                is_stopped: Callable[[], bool]) -> None:
-    """Poll ``url`` for a 200, failing early if a child died or a stop was asked for."""
-    deadline = time.monotonic() + timeout_s
-    last = "no answer"
-    while time.monotonic() < deadline:
-        if is_stopped():
-            raise Stopped
-        if dead := group.dead_child(is_clean_exit_ok=False):
-            raise RuntimeError(f"{dead} exited while waiting for {url}")
-        try:
-            response = httpx.get(url, timeout=2.0)
-            if response.status_code == 200:
-                return
-            last = f"HTTP {response.status_code}"
-        except httpx.HTTPError as exc:
-            last = str(exc) or exc.__class__.__name__
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} not ready after {timeout_s:g} s ({last})")
+    """Poll ``url`` every 0.5 s for a 200, failing early if a child died or a stop was asked
+    for (`Stopped`)."""
+    wait_http(url, timeout_s, group, is_stopped=is_stopped, is_clean_exit_ok=False,
+              poll_s=0.5, request_timeout_s=2.0)
 
 
-def gateway_config(redis_url: str, port: int, admin_token: str, urls: list[str],
-                   max_num_seqs: int) -> dict[str, object]:
+def gateway_settings(urls: list[str], max_num_seqs: int) -> dict[str, object]:
+    """The gateway's configuration beyond what every `LocalFleet` gateway gets."""
     return {
-        "listen": {"host": "127.0.0.1", "port": port},
-        "redis_url": redis_url,
-        "admin_token": admin_token,
-        "key_secret": secrets.token_urlsafe(32),
         "backends": [{"name": f"vllm-{i}", "url": url, "models": [MODEL],
                       "profile": {"max_batch": max_num_seqs, "device": "cpu"}}
                      for i, url in enumerate(urls)],
@@ -146,43 +121,33 @@ def run(args: argparse.Namespace) -> int:
         if not needed.exists():
             raise SystemExit(f"{needed} is missing: run scripts/vllm/setup.sh first")
     workdir = Path(tempfile.mkdtemp(prefix="switchyard-vllm-"))
-    stop_requested = False
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        nonlocal stop_requested
-        stop_requested = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    with ProcessGroup(log_dir=workdir) as group:
+    is_stopped = catch_stop_signals()
+    with contextlib.ExitStack() as stack:  # stops the fleet after a failure is reported
         try:
-            redis_url = start_redis(group, workdir)
+            fleet = stack.enter_context(LocalFleet(workdir))
             ports = [free_port() for _ in range(args.num_servers)]
             urls = [f"http://127.0.0.1:{port}" for port in ports]
             started_s = time.monotonic()
             for index, port in enumerate(ports):
-                group.spawn(f"vllm-{index}", vllm_argv(args, port), env=vllm_env(args, index))
+                fleet.group.spawn(f"vllm-{index}", vllm_argv(args, port),
+                                  env=vllm_env(args, index))
             print(f"starting {args.num_servers} vLLM server(s) on {', '.join(urls)} "
                   f"(logs in {workdir}) ...", flush=True)
             deadline_s = started_s + args.startup_timeout_s
             for url in urls:
-                wait_ready(url + "/health", group, max(1.0, deadline_s - time.monotonic()),
-                           lambda: stop_requested)
+                wait_ready(url + "/health", fleet.group,
+                           max(1.0, deadline_s - time.monotonic()), is_stopped)
             print(f"{args.num_servers} vLLM server(s) ready in "
                   f"{time.monotonic() - started_s:.0f} s", flush=True)
 
-            admin_token = secrets.token_urlsafe(24)
-            port = args.port or free_port()
-            config_path = workdir / "switchyard.yaml"
-            config_path.write_text(yaml.safe_dump(
-                gateway_config(redis_url, port, admin_token, urls, args.max_num_seqs),
-                sort_keys=False))
-            config_path.chmod(0o600)
             switchyard = Path(sys.executable).parent / "switchyard"
-            group.spawn("gateway", [str(switchyard), "serve", "--config", str(config_path)])
-            base = f"http://127.0.0.1:{port}"
-            wait_ready(base + "/readyz", group, 60, lambda: stop_requested)
-            key = _demo_key(base, admin_token)
+            gateway = fleet.start_gateway(
+                gateway_settings(urls, args.max_num_seqs), port=args.port or free_port(),
+                config_name="switchyard.yaml", serve_argv=[str(switchyard), "serve"],
+                ready_timeout_s=None)
+            wait_ready(gateway.url + "/readyz", fleet.group, 60, is_stopped)
+            base = gateway.url
+            key = _demo_key(fleet, base)
         except Stopped:
             print("\nstopping ...", flush=True)
             return 130
@@ -192,22 +157,18 @@ def run(args: argparse.Namespace) -> int:
             return 1
         if args.state_file:
             write_state(args.state_file, {
-                "base_url": base, "admin_token": admin_token, "key": key, "model": MODEL,
+                "base_url": base, "admin_token": fleet.admin_token, "key": key, "model": MODEL,
                 "backends": [{"name": f"vllm-{i}", "url": url} for i, url in enumerate(urls)],
                 "vllm_flags": vllm_flags(args),
                 "vllm_env": {k: v for k, v in vllm_env(args, 0).items()
                              if k == "VLLM_CPU_KVCACHE_SPACE"},
                 "workdir": str(workdir),
             })
-        _print_banner(base, key, MODEL, admin_token, workdir)
-        while not stop_requested:
-            if dead := group.dead_child(is_clean_exit_ok=False):
-                print(f"\n{dead} stopped unexpectedly; logs in {workdir}. Shutting down.")
-                return 1
-            time.sleep(0.2)
-        print("\nstopping the vLLM fleet ...", flush=True)
-    print("stopped.")
-    return 0
+        _print_banner(base, key, MODEL, fleet.admin_token, workdir)
+        exit_status = fleet.serve_until_stopped(is_stopped, "the vLLM fleet")
+    if exit_status == 0:
+        print("stopped.")
+    return exit_status
 
 
 def print_log_tails(workdir: Path, num_lines: int = 15) -> None:
