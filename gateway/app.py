@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
+import aiohttp
 from aiohttp import web
 from redis.exceptions import RedisError
 
@@ -94,15 +95,37 @@ def create_app(settings: Settings) -> web.Application:
 
 
 def setup_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", proxy.chat_completions)
-    app.router.add_post("/v1/completions", proxy.completions)
-    app.router.add_get("/v1/models", handlers.list_models)
-    app.router.add_get("/v1/models/{model}", handlers.get_model)
-    app.router.add_get("/healthz", handlers.healthz)
-    app.router.add_get("/readyz", handlers.readyz)
-    app.router.add_get("/metrics", handlers.metrics)
-    app.router.add_routes(admin.routes)
-    app.router.add_get("/admin/waits", admin_waits)
+    routes: list[tuple[str, str, Handler]] = [
+        ("POST", "/v1/chat/completions", proxy.chat_completions),
+        ("POST", "/v1/completions", proxy.completions),
+        ("GET", "/v1/models", handlers.list_models),
+        ("GET", "/v1/models/{model}", handlers.get_model),
+        ("GET", "/healthz", handlers.healthz),
+        ("GET", "/readyz", handlers.readyz),
+        ("GET", "/metrics", handlers.metrics),
+        ("GET", "/admin/waits", admin_waits),
+    ]
+    routes += [(r.method, r.path, r.handler) for r in admin.routes
+               if isinstance(r, web.RouteDef)]
+    for method, path, handler in routes:
+        app.router.add_route(method, path, handler, expect_handler=_expect)
+
+
+async def _expect(request: web.Request) -> web.StreamResponse | None:
+    """``Expect: 100-continue`` as aiohttp answers it; any other expectation gets an
+    OpenAI-format 417 (aiohttp's own is plain text, sent before any middleware runs)."""
+    expect = request.headers.get("Expect", "")
+    if expect.lower() == "100-continue":
+        if request.version == aiohttp.HttpVersion11:
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0  # the body's head has not started yet
+        return None
+    response = APIError(
+        417, f"Unsupported 'Expect: {expect[:64]}' header: the only expectation supported is "
+        "'Expect: 100-continue'; drop the header or send that.", code="expectation_failed",
+    ).to_response()
+    response.headers["x-request-id"] = new_request_id()
+    return response
 
 
 def setup_gateway(app: web.Application, settings: Settings) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
 
 from admission.tiers import TIER_HEADER
 from admission.waiting_room import AdmissionRefused, Admitted
@@ -143,7 +144,17 @@ async def _read_json_body(request: web.Request, gw: Gateway) -> bytes:
     limit = gw.settings.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
-    return await request.read()
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    try:
+        return await request.read()  # aiohttp inflates gzip and deflate bodies as it reads
+    except web.RequestPayloadError as exc:
+        if isinstance(exc.__cause__, ContentEncodingError):
+            raise APIError.bad_request(
+                f"The body is not {encoding}-compressed, though 'Content-Encoding: {encoding}' "
+                "says it is: compress it, or drop the header.", code="invalid_content_encoding",
+            ) from None
+        raise APIError.bad_request(f"The request body could not be read ({exc}); send it "
+                                   "again, complete.", code="invalid_body") from None
 
 
 async def _forward(

@@ -154,6 +154,28 @@ CASES = [
                           f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
                           f"Content-Length: {NINE_MIB}\r\n\r\n".encode()),
                  id="content-length-over-8-mib"),
+    pytest.param(Case(400, "not gzip-compressed", code="invalid_content_encoding",
+                      content=orjson.dumps(chat()),
+                      headers={"Authorization": f"Bearer {KEY}",
+                               "Content-Type": "application/json", "Content-Encoding": "gzip"}),
+                 id="gzip-header-plain-body"),
+    pytest.param(Case(400, "not deflate-compressed", code="invalid_content_encoding",
+                      content=orjson.dumps(chat()),
+                      headers={"Authorization": f"Bearer {KEY}",
+                               "Content-Type": "application/json",
+                               "Content-Encoding": "deflate"}),
+                 id="deflate-header-plain-body"),
+    # An encoding aiohttp cannot decode fails the HTTP parse, before the gateway's handler.
+    pytest.param(Case(400, "can not decode content-encoding", code="invalid_http",
+                      raw=f"POST {CHAT} HTTP/1.1\r\nHost: gateway\r\n"
+                          f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+                          "Content-Encoding: zstd\r\nContent-Length: 2\r\n\r\n{}".encode()),
+                 id="unknown-content-encoding"),
+    pytest.param(Case(417, "Expect: 100-continue", code="expectation_failed",
+                      raw=f"POST {CHAT} HTTP/1.1\r\nHost: gateway\r\n"
+                          f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+                          "Expect: the-unusual\r\nContent-Length: 2\r\n\r\n{}".encode()),
+                 id="unusual-expect"),
     # -- credentials -------------------------------------------------------------------------
     pytest.param(Case(401, "Authorization: Bearer sy-", code="missing_api_key",
                       json=chat(), headers={}), id="no-authorization"),
