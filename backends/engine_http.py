@@ -113,6 +113,29 @@ def json_response(body: Any) -> web.Response:
     return web.Response(body=data, content_type=JSON_CONTENT_TYPE)
 
 
+class BadBody(Exception):
+    """The request body is not JSON; ``response`` is the 400 to send."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.response = error_response(400, message)
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request's JSON body; raises ``BadBody`` (its 400) when it is not JSON."""
+    try:
+        return orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        raise BadBody(f"The request body is not valid JSON: {exc}") from None
+
+
+def sequence_id(request: web.Request) -> str:
+    """An engine's id for one sequence: the caller's request id (for logs and traces) made
+    unique, since a client may send one id twice."""
+    request_id = request.headers.get("x-request-id") or os.urandom(8).hex()
+    return f"{request_id}-{os.urandom(4).hex()}"
+
+
 def new_completion_id(is_chat: bool) -> str:
     return ("chatcmpl-" if is_chat else "cmpl-") + os.urandom(12).hex()
 
@@ -134,6 +157,17 @@ def completion_body(req: Completion, completion_id: str, text: str, usage: dict[
         "choices": [choice],
         "usage": usage,
     })
+
+
+def usage_body(num_prompt_tokens: int, num_output_tokens: int,
+               num_cached_tokens: int) -> dict[str, Any]:
+    """``usage`` as vLLM reports it, with ``prompt_tokens_details.cached_tokens``."""
+    return {
+        "prompt_tokens": num_prompt_tokens,
+        "completion_tokens": num_output_tokens,
+        "total_tokens": num_prompt_tokens + num_output_tokens,
+        "prompt_tokens_details": {"cached_tokens": num_cached_tokens},
+    }
 
 
 def stream_head(req: Completion, completion_id: str, *,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from backends.engine_http import completion_body, sse_event, stream_head
+from backends.engine_http import completion_body, sse_event, stream_head, usage_body
 from backends.mock.parse import CompletionRequest
 
 
@@ -17,12 +17,7 @@ def completion_text(req: CompletionRequest) -> str:
 
 
 def usage(req: CompletionRequest) -> dict[str, Any]:
-    return {
-        "prompt_tokens": req.num_prompt_tokens,
-        "completion_tokens": req.max_tokens,
-        "total_tokens": req.num_prompt_tokens + req.max_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
-    }
+    return usage_body(req.num_prompt_tokens, req.max_tokens, 0)
 
 
 def response_body(req: CompletionRequest, completion_id: str, created_s: int) -> bytes:

@@ -12,7 +12,6 @@ spans timed by the worker's own clock.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -30,16 +29,20 @@ from backends.engine_http import (
     MAX_REQUEST_BODY_BYTES,
     METRICS_CONTENT_TYPE,
     SSE_HEADERS,
+    BadBody,
     add_openai_routes,
     completion_body,
     error_response,
     json_response,
     models_page,
     new_completion_id,
+    read_json,
+    sequence_id,
     sse_event,
     stream_head,
     trace_request,
     tracer,
+    usage_body,
 )
 from backends.sim.core import SimEngineCore
 from backends.sim.worker import RequestHandle, SimWorker
@@ -81,9 +84,9 @@ async def _serve(request: web.Request, is_chat: bool) -> web.StreamResponse:
     worker = request.app[WORKER]
     started_ns = time.time_ns()
     try:
-        body = orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
-        return error_response(400, f"The request body is not valid JSON: {exc}")
+        body = await read_json(request)
+    except BadBody as exc:
+        return exc.response
     try:
         parsed = parse_engine_request(
             body, is_chat=is_chat, models=(worker.profile.model,),
@@ -93,8 +96,7 @@ async def _serve(request: web.Request, is_chat: bool) -> web.StreamResponse:
         )
     except EngineRequestError as exc:
         return error_response(exc.status, exc.message, exc.param, exc.code)
-    request_id = request.headers.get("x-request-id") or os.urandom(8).hex()
-    seq_id = f"{request_id}-{os.urandom(4).hex()}"
+    seq_id = sequence_id(request)
     try:
         handle = worker.submit(seq_id, parsed.prompt_ids, parsed.max_tokens, parsed.cache_salt)
     except ValueError as exc:
@@ -115,12 +117,8 @@ async def _serve(request: web.Request, is_chat: bool) -> web.StreamResponse:
 
 
 def _usage(parsed: EngineRequest, handle: RequestHandle) -> dict[str, Any]:
-    return {
-        "prompt_tokens": handle.num_prompt_tokens,
-        "completion_tokens": handle.num_output_tokens,
-        "total_tokens": handle.num_prompt_tokens + handle.num_output_tokens,
-        "prompt_tokens_details": {"cached_tokens": handle.num_cached_tokens},
-    }
+    return usage_body(handle.num_prompt_tokens, handle.num_output_tokens,
+                      handle.num_cached_tokens)
 
 
 def _full_body(parsed: EngineRequest, handle: RequestHandle, completion_id: str) -> bytes:

@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from backends.engine_http import (
@@ -34,6 +32,7 @@ from backends.engine_http import (
     HEALTH_BODY,
     MAX_REQUEST_BODY_BYTES,
     SSE_HEADERS,
+    BadBody,
     add_openai_routes,
     completion_body,
     error_body,
@@ -41,10 +40,13 @@ from backends.engine_http import (
     json_response,
     models_page,
     new_completion_id,
+    read_json,
+    sequence_id,
     sse_event,
     stream_head,
     trace_request,
     tracer,
+    usage_body,
 )
 from backends.publisher import KvPublisher
 from backends.worker.async_engine import AsyncEngine, RequestHandle
@@ -139,17 +141,16 @@ async def _serve(request: web.Request, is_chat: bool) -> web.StreamResponse:
     engine = worker.engine
     started_ns = time.time_ns()
     try:
-        body = orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
-        return error_response(400, f"The request body is not valid JSON: {exc}")
+        body = await read_json(request)
+    except BadBody as exc:
+        return exc.response
     try:
         parsed = parse_request(body, is_chat=is_chat, models=(worker.model_name,),
                                tokenizer=engine.engine.tokenizer,
                                max_context_tokens=worker.max_context_tokens)
     except RequestError as exc:
         return error_response(exc.status, exc.message, exc.param, exc.code)
-    request_id = request.headers.get("x-request-id") or os.urandom(8).hex()
-    seq_id = f"{request_id}-{os.urandom(4).hex()}"
+    seq_id = sequence_id(request)
     try:
         handle = engine.submit(seq_id, parsed.prompt_ids, parsed.sampling, parsed.cache_salt)
     except ValueError as exc:
@@ -175,12 +176,8 @@ async def _serve(request: web.Request, is_chat: bool) -> web.StreamResponse:
 
 
 def _usage(handle: RequestHandle) -> dict[str, Any]:
-    return {
-        "prompt_tokens": handle.num_prompt_tokens,
-        "completion_tokens": handle.num_output_tokens,
-        "total_tokens": handle.num_prompt_tokens + handle.num_output_tokens,
-        "prompt_tokens_details": {"cached_tokens": handle.num_cached_tokens},
-    }
+    return usage_body(handle.num_prompt_tokens, handle.num_output_tokens,
+                      handle.num_cached_tokens)
 
 
 def _full_body(parsed: WorkerRequest, handle: RequestHandle, text: str,
