@@ -135,7 +135,9 @@ class Authenticator:
                 log.warning("key store unreachable, serving cached key %s: %s", label, exc)
                 future.set_result(stale)
                 return stale
-            error = APIError.unavailable("Authentication store unavailable; retry shortly.")
+            error = APIError.unavailable(
+                "The key store (Redis) is unreachable and this key is not in the gateway's "
+                "cache, so it cannot be checked; retry shortly.", code="key_store_unavailable")
             future.set_exception(error)
             future.exception()  # mark retrieved
             raise error from exc

@@ -77,9 +77,10 @@ class APIError(Exception):
         return cls(502, message, type="upstream_error", code="upstream_failed")
 
     @classmethod
-    def unavailable(cls, message: str, retry_after_s: int = 1) -> APIError:
+    def unavailable(cls, message: str, retry_after_s: int = 1,
+                    code: str = "no_healthy_backend") -> APIError:
         return cls(
-            503, message, type="service_unavailable", code="no_healthy_backend",
+            503, message, type="service_unavailable", code=code,
             headers={"Retry-After": str(retry_after_s)},
         )
 

@@ -23,6 +23,7 @@ from aiohttp.web_server import Server
 from gateway.app import create_app, new_request_id
 from gateway.context import GATEWAY
 from gateway.errors import error_body
+from gateway.observe.logs import RateLimitFilter
 from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -119,4 +120,6 @@ def serve(settings: Settings, **kwargs: Any) -> None:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:  # an outage is one line per cause, not a flood
+        handler.addFilter(RateLimitFilter())
     uvloop.run(run_until_signalled(settings, **kwargs))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from backends.sim.core import SimEngineCore
 from backends.sim.profile import WorkerProfile
+from backends.tokenizer.approx import SMOLLM2_VOCAB_SIZE
 from bench.common.stats import percentile
 
 MIN_PROMPT_TOKENS, MAX_PROMPT_TOKENS = 256, 1024
@@ -36,7 +37,9 @@ def request_shape(seed: int, worker: int, index: int) -> tuple[list[int], int]:
     rng = random.Random(f"sim-accuracy:{seed}:{worker}:{index}")
     num_prompt_tokens = rng.randint(MIN_PROMPT_TOKENS, MAX_PROMPT_TOKENS)
     max_tokens = rng.randint(MIN_MAX_TOKENS, MAX_MAX_TOKENS)
-    prompt_ids = array("H", rng.randbytes(2 * num_prompt_tokens)).tolist()  # ids < 65,536
+    # Ids in the model's vocabulary (the engine refuses others, as vLLM does).
+    prompt_ids = [token % SMOLLM2_VOCAB_SIZE
+                  for token in array("H", rng.randbytes(2 * num_prompt_tokens))]
     return prompt_ids, max_tokens
 
 

@@ -1,4 +1,6 @@
-"""Redis stopped mid-run: the configured fail mode holds and nothing hangs."""
+"""Redis gone under a running gateway: a key it never saw is a 503 that says the key store is
+unreachable (not a missing backend), and the log says each cause once per interval instead of
+several times a second."""
 
 from __future__ import annotations
 
@@ -7,46 +9,41 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from gateway.cli.localproc import ProcessGroup, start_redis
 from tests.fleet import Engine, Gateway
 
-MODEL = "switchyard-mock"
+BODY = {"model": "switchyard-mock", "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}]}
 
 
-def _post(gateway: Gateway, key: str) -> tuple[int, float]:
-    started = time.monotonic()
-    response = httpx.post(gateway.url + "/v1/chat/completions", timeout=10,
-                          headers={"Authorization": f"Bearer {key}"},
-                          json={"model": MODEL, "max_tokens": 2,
-                                "messages": [{"role": "user", "content": "hi"}]})
-    return response.status_code, time.monotonic() - started
-
-
-@pytest.mark.parametrize(("fail_mode", "expected_status"), [("open", 200), ("closed", 503)])
-def test_redis_lost_mid_run(tmp_path: Path, fail_mode: str, expected_status: int) -> None:
-    with ProcessGroup() as group:
+def test_an_outage_is_a_clear_503_and_a_quiet_log(tmp_path: Path) -> None:
+    with ProcessGroup(log_dir=tmp_path) as group:
         redis_url = start_redis(group, tmp_path)
         redis_process = group.children[-1][1]
         engine = Engine(group, "engine")
         gateway = Gateway(group, tmp_path, redis_url, [engine.backend_config()],
-                          admission={"fail_mode": fail_mode, "redis_timeout_s": 0.2})
-        key = gateway.new_key(limits={"requests_per_minute": 1000})
-        assert _post(gateway, key)[0] == 200  # the key is now in the gateway's cache
-
+                          routing={"discover_workers": True})
+        known, unseen = gateway.new_key(), gateway.new_key()
+        headers = {"Authorization": f"Bearer {known}"}
+        assert httpx.post(gateway.url + "/v1/chat/completions", json=BODY, headers=headers,
+                          timeout=10).status_code == 200
+        log_path = tmp_path / f"gateway-{gateway.port}.log"
+        before = len(log_path.read_text().splitlines())
         redis_process.send_signal(signal.SIGKILL)
         redis_process.wait()
-        results = [_post(gateway, key) for _ in range(5)]
-        assert {status for status, _ in results} == {expected_status}, results
-        assert max(elapsed for _, elapsed in results) < 1.5, results  # never hangs on Redis
-        ready = httpx.get(gateway.url + "/readyz", timeout=5)
-        assert ready.status_code == 503 and "Redis" in ready.json()["error"]["message"]
-        metrics = httpx.get(gateway.url + "/metrics", timeout=5).text
-        counter = f"switchyard_quota_fail_{fail_mode}_total"
-        value = next(float(line.split()[-1]) for line in metrics.splitlines()
-                     if line.startswith(counter))
-        assert value >= 1
-        # An unknown key cannot be checked without Redis: a clear 503, not a hang.
-        status, elapsed = _post(gateway, "sy-0123456789abcdef-" + "A" * 43)
-        assert status == 503 and elapsed < 3.5
+        time.sleep(4.0)  # every background loop meets the outage several times
+        answer = httpx.post(gateway.url + "/v1/chat/completions", json=BODY, timeout=10,
+                            headers={"Authorization": f"Bearer {unseen}"})
+        assert answer.status_code == 503, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "key_store_unavailable"
+        assert "not in the gateway's cache" in error["message"]
+        assert int(answer.headers["Retry-After"]) >= 1
+        time.sleep(1.0)
+        lines = log_path.read_text().splitlines()[before:]
+        warnings = [line for line in lines if " WARNING " in line or " ERROR " in line]
+        causes = {line.split(": ", 1)[0].split(" ", 3)[-1] + line.split(": ", 2)[1][:30]
+                  for line in warnings}
+        # Within one interval (10 s) a cause is told once: a handful of lines, not ~40.
+        assert warnings and len(warnings) <= len(causes) + 2, "\n".join(warnings)
