@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from aiohttp import web
 
 from admission.quota.types import QuotaStoreLike
 from admission.waiting_room import SloAdmission
+from backends.fleet.http1 import Response
 from backends.fleet.registry import BackendRegistry
 from backends.fleet.upstream import UpstreamClient
 from gateway.auth import Authenticator
@@ -32,6 +34,10 @@ class Gateway:
     slo: SloAdmission
     num_in_flight: int = 0
     is_draining: bool = False
+    # The upstream responses of the streams being relayed: ended with an error event when a
+    # drain's deadline passes (``gateway.server``).
+    streams: set[Response] = field(default_factory=set)
+    drained: asyncio.Event = field(default_factory=asyncio.Event)  # draining, none in flight
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -125,6 +125,8 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
         raise
     finally:
         gw.num_in_flight -= 1
+        if gw.is_draining and not gw.num_in_flight:
+            gw.drained.set()
         gw.metrics.observe_request(route, model if gw.registry.serves(model) else None, status,
                                    time.perf_counter() - started)
         trace.finish(status)
@@ -317,6 +319,7 @@ async def _relay_stream(
     idle_s = settings.idle_timeout_s
     splice = _Splice(loop, ticket, renew_every_s=gw.settings.admission.lease_ttl_s / 3,
                      ending_at_events=ending_at_events, on_ending=on_ending)
+    gw.streams.add(upstream)
     try:
         # The head goes out with the first chunk (aiohttp holds it back until a write; an
         # empty one sends the head alone), before any chunk is written to the socket directly.
@@ -351,6 +354,10 @@ async def _relay_stream(
     except TimeoutError:
         gw.metrics.upstream_errors.labels(opened.backend.name, "idle_timeout").inc()
         await _end_with_error(out, f"Upstream timeout: backend {opened.backend.name!r} stalled.")
+    except DrainDeadline:
+        await _end_with_error(
+            out, "The gateway is shutting down and its drain time is over; the response is "
+            "incomplete: retry the request.", code="gateway_shutting_down")
     except UpstreamBroken as exc:
         gw.metrics.upstream_errors.labels(opened.backend.name, "broken_stream").inc()
         await _end_with_error(
@@ -364,6 +371,7 @@ async def _relay_stream(
     else:
         await out.write_eof()
     finally:
+        gw.streams.discard(upstream)
         gw.metrics.streamed_chunks.inc(splice.num_chunks)
         tail = splice.previous[-2048:] + splice.tail[-2048:]
         ticket.num_output_tokens = output_tokens_from(tail, splice.num_events)
@@ -444,10 +452,16 @@ def _is_openai_error(body: bytes) -> bool:
     return isinstance(data, dict) and isinstance(data.get("error"), dict)
 
 
-async def _end_with_error(out: web.StreamResponse, message: str) -> None:
+class DrainDeadline(Exception):
+    """Handed to the streams still open when a drain's time is up (``gateway.server``)."""
+
+
+async def _end_with_error(out: web.StreamResponse, message: str,
+                          code: str = "upstream_failed") -> None:
     """Tell a streaming client what went wrong, in an SSE event the OpenAI SDK raises on."""
     try:
-        event = error_body(message, "upstream_error", "upstream_failed")
+        event = error_body(message, "upstream_error" if code == "upstream_failed"
+                           else "service_unavailable", code)
         await out.write(b"data: " + event + b"\n\n")
         await out.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):

@@ -7,6 +7,7 @@ requests and streams finish for up to ``drain_timeout_s``, then cancels what is 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -21,9 +22,10 @@ from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
 
 from gateway.app import create_app, new_request_id
-from gateway.context import GATEWAY
+from gateway.context import GATEWAY, Gateway
 from gateway.errors import error_body
 from gateway.observe.logs import RateLimitFilter
+from gateway.proxy import DrainDeadline
 from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -76,8 +78,9 @@ async def run_until_signalled(settings: Settings, *, ready_line: bool = True,
         app,
         handler_cancellation=True,
         access_log=None,
-        # aiohttp reads a timeout of 0 as "wait forever"; drain_timeout_s 0 means "cancel at once".
-        shutdown_timeout=max(settings.drain_timeout_s, 0.001),
+        # The drain is ours (``_drain``); by the time aiohttp's shutdown runs, only handlers
+        # still writing their last bytes are left.
+        shutdown_timeout=FINAL_WRITE_S,
         handle_signals=False,
     )
     await runner.setup()
@@ -100,8 +103,33 @@ async def run_until_signalled(settings: Settings, *, ready_line: bool = True,
         await stop.wait()
         log.info("signal received: draining for up to %.0f s", settings.drain_timeout_s)
         app[GATEWAY].is_draining = True
+        for running in list(runner.sites):
+            await running.stop()  # no new connections; open ones finish what they carry
+        await _drain(app[GATEWAY], settings.drain_timeout_s)
     finally:
         await runner.cleanup()
+
+
+FINAL_WRITE_S = 1.0  # after the drain: time for the last error events to be written
+
+
+async def _drain(gw: Gateway, timeout_s: float) -> None:
+    """Wait for the requests in flight, up to ``timeout_s``; then end every stream still open
+    with an error event (the client learns why its answer is incomplete) rather than cutting
+    it, and give those events ``FINAL_WRITE_S`` to go out."""
+    if not gw.num_in_flight:
+        return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await gw.drained.wait()
+        return
+    log.warning("drain time over: ending %d stream(s) and %d request(s) in flight",
+                len(gw.streams), gw.num_in_flight)
+    for upstream in list(gw.streams):
+        upstream.interrupt(DrainDeadline())
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(FINAL_WRITE_S):
+            await gw.drained.wait()
         log.info("gateway stopped")
 
 

@@ -181,6 +181,11 @@ class Response:
             self._waiter = None
 
     # -- the connection's side -------------------------------------------------------------
+    def interrupt(self, error: BaseException) -> None:
+        """Fail the response now with ``error``: a waiter (``wait_spliced``, ``read``) raises it.
+        The connection is not reused (``close`` drops it, as for any unfinished response)."""
+        self._fail(error)
+
     def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from gateway.cli import commands as gateway_cli
+from gateway.server import FINAL_WRITE_S
 from gateway.settings import ENV_PREFIX, load_settings
 from tests.deploy.manifests import (
     K8S,
@@ -161,7 +162,9 @@ def test_gateway_invariants(overlay: str, tmp_path: Path) -> None:
     assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
     pause_s = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
     grace_s = gateway["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert grace_s > pause_s + settings.drain_timeout_s, "killed before it drained"
+    # The drain, then a second for the last error events (gateway.server.FINAL_WRITE_S).
+    assert grace_s > pause_s + settings.drain_timeout_s + FINAL_WRITE_S + 2, \
+        "killed before it drained"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

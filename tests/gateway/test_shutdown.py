@@ -122,11 +122,28 @@ async def test_sigterm_lets_open_streams_finish(
     assert time.monotonic() - signalled_at < 5
 
 
+async def raw_events(client: httpx.AsyncClient, on_first_chunk: asyncio.Semaphore
+                     ) -> list[dict[str, object]]:
+    """Every ``data:`` event of one stream, decoded (``[DONE]`` as the string)."""
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": NUM_TOKENS, "stream": True,
+            "mock": {"token_delay_ms": TOKEN_DELAY_MS}}
+    events: list[dict[str, object]] = []
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                if not events:
+                    on_first_chunk.release()
+                data = line.removeprefix("data: ")
+                events.append({"done": True} if data == "[DONE]" else json.loads(data))
+    return events
+
+
 @pytest.mark.parametrize("drain_timeout_s", [
     pytest.param(0.0, id="no-drain"),
     pytest.param(0.5, id="drain-shorter-than-streams"),
 ])
-async def test_streams_outliving_the_drain_are_cut_and_the_gateway_exits(
+async def test_streams_outliving_the_drain_end_with_an_error_event(
     own_group: ProcessGroup, workdir: Path, redis_url: str, engines: list[Engine], api_key: str,
     drain_timeout_s: float,
 ) -> None:
@@ -135,15 +152,22 @@ async def test_streams_outliving_the_drain_are_cut_and_the_gateway_exits(
     first_chunks = asyncio.Semaphore(0)
     headers = {"Authorization": f"Bearer {api_key}"}
     async with httpx.AsyncClient(base_url=gateway.url, headers=headers, timeout=20) as raw:
-        tasks = [asyncio.create_task(raw_stream(raw, first_chunks)) for _ in range(4)]
+        tasks = [asyncio.create_task(raw_events(raw, first_chunks)) for _ in range(4)]
         for _ in tasks:
             await asyncio.wait_for(first_chunks.acquire(), timeout=5)
 
         gateway.terminate()
         signalled_at = time.monotonic()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        cut_after_s = time.monotonic() - signalled_at
+        results = await asyncio.gather(*tasks)
+        ended_after_s = time.monotonic() - signalled_at
 
-    assert all(isinstance(r, httpx.RemoteProtocolError) for r in results), results
-    assert drain_timeout_s <= cut_after_s < drain_timeout_s + 1.0
+    for events in results:
+        last = events[-1]
+        assert "choices" in events[0] and isinstance(last.get("error"), dict), events[-2:]
+        error = last["error"]
+        assert isinstance(error, dict) and error["code"] == "gateway_shutting_down"
+        assert "retry the request" in str(error["message"])
+    assert drain_timeout_s <= ended_after_s < drain_timeout_s + 1.0
     assert await asyncio.to_thread(gateway.process.wait, 10) == 0
+    exited_after_s = time.monotonic() - signalled_at
+    assert exited_after_s < drain_timeout_s + 2.5  # not twice the drain
