@@ -210,7 +210,9 @@ class FleetSync:
         is_new = self._load_ts_ms.get(backend.name) != ts_ms
         self._load_ts_ms[backend.name] = ts_ms
         backend.load_observed(time.monotonic() - age_s, is_new=is_new)
-        if backend.source == "heartbeat":
+        if backend.source == "heartbeat" and is_new:
+            # A new heartbeat: the worker is alive. The same one read again proves nothing: a
+            # worker that failed a request since stays out until it beats again.
             backend.is_healthy = True
         return backend.name
 
