@@ -23,7 +23,9 @@ from __future__ import annotations
 import logging
 import random
 import re
+import sys
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -66,26 +68,42 @@ class RoutePlan:
     is_ending: bool = False  # set by nearly_done: its stream is on its last step
 
 
+# What routing reads of a prompt: its first MAX_PREFIX_BLOCKS blocks (a match deeper than
+# that changes no decision), and its tokens only up to MAX_TOKENIZED_CHARS of text (beyond,
+# the size is estimated and the engine judges it): a prompt of megabytes costs the event
+# loop no more than one of a few hundred kilobytes, and per-prompt state stays bounded.
+MAX_PREFIX_BLOCKS = 2048
+MAX_TOKENIZED_CHARS = 512 * 1024
+
+
 class _SegmentCache:
-    """Token ids of rendered chat segments, LRU-bounded by total tokens."""
+    """Token ids of rendered chat segments, LRU-bounded by the bytes they hold."""
 
-    def __init__(self, max_tokens: int = 4_000_000) -> None:
-        self._entries: OrderedDict[str, list[int]] = OrderedDict()
-        self._num_tokens = 0
-        self._max_tokens = max_tokens
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
+        self._entries: OrderedDict[str, array[int]] = OrderedDict()
+        self._num_bytes = 0
+        self._max_bytes = max_bytes
 
-    def encode(self, tokenizer: Tokenizer, segment: str) -> list[int]:
+    @staticmethod
+    def _cost(segment: str, ids: array[int]) -> int:
+        return sys.getsizeof(segment) + ids.itemsize * len(ids) + 160  # + entry and array
+
+    def encode(self, tokenizer: Tokenizer, segment: str) -> array[int]:
         ids = self._entries.get(segment)
         if ids is not None:
             self._entries.move_to_end(segment)
             return ids
-        ids = tokenizer.encode(segment)
+        ids = array("I", tokenizer.encode(segment))
         self._entries[segment] = ids
-        self._num_tokens += len(ids)
-        while self._num_tokens > self._max_tokens and self._entries:
-            _, dropped = self._entries.popitem(last=False)
-            self._num_tokens -= len(dropped)
+        self._num_bytes += self._cost(segment, ids)
+        while self._num_bytes > self._max_bytes and self._entries:
+            dropped_segment, dropped = self._entries.popitem(last=False)
+            self._num_bytes -= self._cost(dropped_segment, dropped)
         return ids
+
+    @property
+    def num_bytes(self) -> int:
+        return self._num_bytes
 
 
 class Router:
@@ -130,17 +148,19 @@ class Router:
     # -- the request ----------------------------------------------------------------------
     def describe(self, model: str, body: dict[str, Any], tenant_id: str | None) -> RoutePlan:
         text = _prompt_text(body)
-        char_hashes = tuple(char_block_hashes(text, self.block_chars, model))
+        char_hashes = tuple(char_block_hashes(
+            text[:self.block_chars * MAX_PREFIX_BLOCKS], self.block_chars, model))
         block_hashes: tuple[int, ...] = ()
         tokenizer = self.tokenizers.get(model)
         num_prompt_tokens = max(1, len(text) // 4)
         is_exact_count = False
-        if tokenizer is not None:
+        if tokenizer is not None and len(text) <= MAX_TOKENIZED_CHARS:
             ids = self._token_ids(tokenizer, body)
             if ids is not None:
                 num_prompt_tokens, is_exact_count = len(ids), True
                 block_hashes = tuple(token_block_hashes(
-                    ids, self.block_size, model, body.get("cache_salt") or None))
+                    ids[:self.block_size * MAX_PREFIX_BLOCKS], self.block_size, model,
+                    body.get("cache_salt") or None))
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         max_tokens = max_tokens if isinstance(max_tokens, int) else None
         session = body.get("user")
@@ -184,7 +204,7 @@ class Router:
                 return ids
             prompt = body.get("prompt")
             if isinstance(prompt, str):
-                return self._segments.encode(tokenizer, prompt)
+                return list(self._segments.encode(tokenizer, prompt))
             if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
                 return prompt
         except ValueError:

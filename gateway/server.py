@@ -108,6 +108,7 @@ async def run_until_signalled(settings: Settings, *, ready_line: bool = True,
         await _drain(app[GATEWAY], settings.drain_timeout_s)
     finally:
         await runner.cleanup()
+        log.info("gateway stopped")
 
 
 FINAL_WRITE_S = 1.0  # after the drain: time for the last error events to be written
@@ -130,7 +131,6 @@ async def _drain(gw: Gateway, timeout_s: float) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(FINAL_WRITE_S):
             await gw.drained.wait()
-        log.info("gateway stopped")
 
 
 def _listen_socket(host: str, port: int) -> socket.socket:
