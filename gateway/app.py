@@ -31,6 +31,7 @@ from gateway import admin, handlers, proxy
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, from_http_exception
 from gateway.observe.metrics import GatewayMetrics, counter_family, gauge_family
+from gateway.observe.request_log import RequestLog
 from gateway.observe.telemetry import admin_waits, setup_telemetry
 from gateway.router import Router
 from gateway.settings import RoutingSettings, Settings
@@ -163,9 +164,12 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
         metrics.add_source(lambda: _admission_metrics(slo))
         metrics.add_source(lambda: _quota_metrics(quotas))
         metrics.add_source(lambda: _prefix_cache_metrics(registry, router))
+        log_settings = settings.request_log
         app[GATEWAY] = Gateway(
             settings=settings, registry=registry, metrics=metrics, redis=redis, store=state.store,
             auth=state.auth, upstream=upstream, router=router, quotas=quotas, slo=slo,
+            request_log=RequestLog(log_settings.mode, log_settings.sample_rate,
+                                   log_settings.path),
         )
         checker = HealthChecker(
             registry, upstream.session, interval_s=settings.upstream.health_interval_s,
@@ -210,6 +214,7 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
                     log.warning("background task %s failed: %r", task.get_name(),
                                 task.exception())
             await upstream.close()
+            app[GATEWAY].request_log.close()
             await state.aclose()
 
     app.cleanup_ctx.append(lifecycle)

@@ -15,6 +15,7 @@ from backends.fleet.registry import BackendRegistry
 from backends.fleet.upstream import UpstreamClient
 from gateway.auth import Authenticator
 from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.request_log import RequestLog
 from gateway.router import Router
 from gateway.settings import Settings
 from gateway.tenancy import KeyStoreLike
@@ -38,6 +39,7 @@ class Gateway:
     # drain's deadline passes (``gateway.server``).
     streams: set[Response] = field(default_factory=set)
     drained: asyncio.Event = field(default_factory=asyncio.Event)  # draining, none in flight
+    request_log: RequestLog = field(default_factory=RequestLog)  # off unless configured
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -33,9 +33,10 @@ from gateway.admit import (
     renew_lease,
     tier_for,
 )
+from gateway.auth import Principal
 from gateway.context import CLIENT_LEFT, GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, error_body
-from gateway.observe.telemetry import REQUEST_TRACE, TELEMETRY
+from gateway.observe.telemetry import REQUEST_TRACE, TELEMETRY, RequestTrace
 from gateway.router import RoutePlan, reported_cache_usage
 from gateway.validation import CompletionRequest, parse_completion_body
 
@@ -61,6 +62,10 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
     trace = request.app[TELEMETRY].start(request, route, started)
     model = ""
     status = 500
+    error: str | None = None
+    principal: Principal | None = None
+    plan: RoutePlan | None = None
+    ticket: QuotaTicket | None = None
     gw.num_in_flight += 1
     try:
         try:
@@ -114,22 +119,49 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
         status = 499 if request.get(CLIENT_LEFT) else response.status
         return response
     except APIError as exc:
-        status = exc.status
+        status, error = exc.status, exc.code
         raise
     except web.HTTPException as exc:  # aiohttp's own (413 for a body over the limit, ...)
-        status = exc.status
+        status, error = exc.status, f"http_{exc.status}"
         raise
     except (asyncio.CancelledError, ConnectionResetError, aiohttp.ClientConnectionResetError):
-        status = 499  # the client closed the connection
+        status, error = 499, "client_closed"  # the client closed the connection
         gw.metrics.client_disconnects.inc()
         raise
     finally:
         gw.num_in_flight -= 1
         if gw.is_draining and not gw.num_in_flight:
             gw.drained.set()
-        gw.metrics.observe_request(route, model if gw.registry.serves(model) else None, status,
-                                   time.perf_counter() - started)
+        served = model if gw.registry.serves(model) else None
+        gw.metrics.observe_request(route, served, status, time.perf_counter() - started)
         trace.finish(status)
+        if gw.request_log.wants(status):
+            _log_request(gw, request, trace, started, status, error, served, principal, plan,
+                         ticket)
+
+
+def _log_request(gw: Gateway, request: web.Request, trace: RequestTrace, started_s: float,
+                 status: int, error: str | None, model: str | None,
+                 principal: Principal | None, plan: RoutePlan | None,
+                 ticket: QuotaTicket | None) -> None:
+    """The request's line in the request log (ids and figures only, never the key or text)."""
+    usage = reported_cache_usage(trace.tail) if trace.tail else None
+    prompt_tokens, cached_tokens = usage if usage is not None else (
+        plan.request.num_prompt_tokens if plan is not None else None, None)
+    waits = trace.waits
+    gw.request_log.write({
+        "request_id": request[REQUEST_ID],
+        "tenant": principal.tenant.id if principal is not None else None,
+        "key_id": principal.key.id if principal is not None else None,
+        "model": model, "tier": trace.tier, "route": trace.route, "stream": trace.is_stream,
+        "backend": trace.backend, "status": status, "error": error,
+        "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
+        "output_tokens": ticket.num_output_tokens if ticket is not None else None,
+        "ttft_s": (round(trace.first_byte_s - started_s, 6)
+                   if trace.first_byte_s is not None else None),
+        "total_s": round(time.perf_counter() - started_s, 6),
+        "dominant_wait": max(waits, key=waits.__getitem__) if waits else None,
+    })
 
 
 async def _read_json_body(request: web.Request, gw: Gateway) -> bytes:

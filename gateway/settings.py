@@ -165,6 +165,14 @@ class RoutingSettings(_Strict):
         return value
 
 
+class RequestLogSettings(_Strict):
+    mode: Literal["off", "sampled", "all"] = Field(
+        "off", description="one JSON line per request: off, sampled (sample_rate of the "
+        "successes, every failure) or all")
+    sample_rate: float = Field(0.01, ge=0, le=1)
+    path: str | None = Field(None, description="append to this file (mode 0600); default stdout")
+
+
 class AdmissionSettings(_Strict):
     """Quota enforcement (per-tenant limits live on the tenant, in Redis)."""
 
@@ -205,6 +213,7 @@ class Settings(_Strict):
     upstream: UpstreamSettings = UpstreamSettings()
     routing: RoutingSettings = RoutingSettings()
     admission: AdmissionSettings = AdmissionSettings()
+    request_log: RequestLogSettings = RequestLogSettings()
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     drain_timeout_s: float = Field(30.0, ge=0)
     key_cache_ttl_s: float = Field(30.0, gt=0)

@@ -103,9 +103,27 @@ class Telemetry:
 class RequestTrace:
     """One request's waits, and its span context when sampled."""
 
-    __slots__ = ("_attributes", "_epoch_ns", "_open", "_parent", "_span_id", "_spans", "_telemetry",
-                 "_trace_id", "_trace_state", "_traceparent", "first_byte_s", "is_stream",
-                 "num_output_tokens", "route", "started_s", "tail", "tier", "waits")
+    __slots__ = (
+        "_attributes",
+        "_epoch_ns",
+        "_open",
+        "_parent",
+        "_span_id",
+        "_spans",
+        "_telemetry",
+        "_trace_id",
+        "_trace_state",
+        "_traceparent",
+        "backend",
+        "first_byte_s",
+        "is_stream",
+        "num_output_tokens",
+        "route",
+        "started_s",
+        "tail",
+        "tier",
+        "waits",
+    )
     # Set only when the request is sampled:
     _attributes: dict[str, Any]
     _epoch_ns: int
@@ -122,6 +140,7 @@ class RequestTrace:
         self.tier: str | None = None
         self.is_stream = False
         self.first_byte_s: float | None = None
+        self.backend: str | None = None
         self.num_output_tokens = 0
         self.tail = b""
         self._traceparent: str | None = None
@@ -189,6 +208,7 @@ class RequestTrace:
         """The first bytes arrived: the worker's queue and prefill (or whole answer) are over."""
         now_s = time.perf_counter()
         self.first_byte_s = now_s
+        self.backend = backend
         self.is_stream = is_sse
         wait = "upstream_ttft" if is_sse else "upstream_response"
         self.waits[wait] = now_s - sent_s - self.waits.get("upstream_connect", 0.0)

@@ -1,0 +1,68 @@
+"""The request log: one JSON line per request, for "who sent what, how much, why it failed".
+
+Off by default (``request_log.mode``); ``sampled`` writes a ``sample_rate`` share of the
+successful requests and every failed one, ``all`` every request; to stdout or to ``path``
+(appended, mode 0600). A line holds ids, never secrets or text: the request id, tenant, key id
+(never the key), model, tier, backend, status, error code, prompt / cached / output tokens,
+TTFT, total time and the wait that took longest. Example line::
+
+    {"ts":"2026-12-03T08:50:01.123Z","request_id":"req-…","tenant":"acme","key_id":"k-…",
+     "model":"m","tier":"standard","route":"chat","stream":true,"backend":"sim-0",
+     "status":200,"error":null,"prompt_tokens":812,"cached_tokens":768,"output_tokens":40,
+     "ttft_s":0.031,"total_s":0.42,"dominant_wait":"streaming"}
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from typing import IO, Any, Literal
+
+import orjson
+
+Mode = Literal["off", "sampled", "all"]
+
+
+class RequestLog:
+    def __init__(self, mode: Mode = "off", sample_rate: float = 0.01, path: str | None = None,
+                 *, rng: random.Random | None = None) -> None:
+        self.mode = mode
+        self.sample_rate = sample_rate
+        self._rng = rng or random.Random()
+        self._out: IO[bytes] | None = None
+        if mode != "off":
+            if path is None:
+                self._out = sys.stdout.buffer
+            else:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                self._out = os.fdopen(fd, "ab", buffering=0)
+        self.num_written = 0
+
+    @property
+    def is_on(self) -> bool:
+        return self._out is not None
+
+    def wants(self, status: int) -> bool:
+        """Whether a request that ended with ``status`` is logged."""
+        if self._out is None:
+            return False
+        return self.mode == "all" or status >= 400 or self._rng.random() < self.sample_rate
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._out is None:
+            return
+        now = time.time()
+        millis = int(now % 1 * 1000)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{millis:03d}Z"
+        try:
+            self._out.write(orjson.dumps({"ts": stamp, **record}) + b"\n")
+            self.num_written += 1
+        except OSError:
+            pass  # a full disk or a closed pipe must not fail the request
+
+    def close(self) -> None:
+        if self._out is not None and self._out is not sys.stdout.buffer:
+            self._out.close()
+        self._out = None

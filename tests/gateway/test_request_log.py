@@ -1,0 +1,67 @@
+"""The request log: one JSON line per request with who, what, how much and why it failed,
+never the key or the text; sampled mode keeps every failure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gateway.cli.localproc import ProcessGroup
+from tests.fleet import MODEL, Engine, Gateway, wait_until
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def post(gateway: Gateway, key: str, **body: Any) -> httpx.Response:
+    return httpx.post(gateway.url + "/v1/chat/completions", timeout=10,
+                      headers={"Authorization": f"Bearer {key}", "x-request-id": body.pop(
+                          "request_id", "rl-1")},
+                      json={"model": MODEL, "max_tokens": 5,
+                            "messages": [{"role": "user", "content": "hello there"}], **body})
+
+
+def test_every_request_gets_a_line(procs: ProcessGroup, workdir: Path, redis_url: str,
+                                   engines: list[Engine], tmp_path: Path) -> None:
+    path = tmp_path / "requests.jsonl"
+    gateway = Gateway(procs, workdir, redis_url, [engines[0].backend_config()],
+                      request_log={"mode": "all", "path": str(path)})
+    tenant = gateway.create_tenant()
+    key = gateway.create_key(tenant["id"])
+    assert post(gateway, key, stream=True, request_id="rl-stream").status_code == 200
+    assert post(gateway, key, model="nope", request_id="rl-404").status_code == 404
+    assert post(gateway, "sy-not-a-key", request_id="rl-401").status_code == 401
+    assert wait_until(lambda: len(lines(path)) == 3, timeout_s=5)
+    by_id = {line["request_id"]: line for line in lines(path)}
+    ok = by_id["rl-stream"]
+    assert (ok["tenant"], ok["model"], ok["status"], ok["error"], ok["stream"]) == (
+        tenant["id"], MODEL, 200, None, True)
+    assert ok["key_id"] and ok["backend"] == engines[0].name and ok["tier"]
+    assert ok["prompt_tokens"] > 0 and ok["output_tokens"] == 5
+    assert 0 < ok["ttft_s"] <= ok["total_s"] and ok["dominant_wait"]
+    missing = by_id["rl-404"]
+    assert (missing["status"], missing["error"], missing["model"]) == (404, "model_not_found",
+                                                                       None)
+    refused = by_id["rl-401"]
+    assert (refused["status"], refused["tenant"], refused["key_id"]) == (401, None, None)
+    text = path.read_text()
+    assert key not in text and "hello there" not in text  # never the key, never the prompt
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_sampled_mode_keeps_every_failure(procs: ProcessGroup, workdir: Path, redis_url: str,
+                                          engines: list[Engine], tmp_path: Path) -> None:
+    path = tmp_path / "sampled.jsonl"
+    gateway = Gateway(procs, workdir, redis_url, [engines[0].backend_config()],
+                      request_log={"mode": "sampled", "sample_rate": 0.0, "path": str(path)})
+    key = gateway.new_key()
+    for index in range(5):
+        assert post(gateway, key, request_id=f"ok-{index}").status_code == 200
+    assert post(gateway, key, max_tokens=-3, request_id="bad").status_code == 400
+    assert wait_until(lambda: len(lines(path)) >= 1, timeout_s=5)
+    assert [(line["request_id"], line["error"]) for line in lines(path)] == [
+        ("bad", "invalid_value")]
