@@ -72,6 +72,11 @@ async def front_middleware(request: web.Request, handler: Handler) -> web.Stream
         response = from_http_exception(exc, request.path, max_body).to_response()
     except (asyncio.CancelledError, ConnectionResetError):
         raise
+    except RedisError as exc:  # the admin API, or any path that needs Redis while it is away
+        log.warning("Redis unreachable serving %s %s: %s", request.method, request.path, exc)
+        response = APIError.unavailable(
+            "The gateway's state store (Redis) is unreachable; retry shortly.", 2,
+            code="state_store_unavailable").to_response()
     except Exception:
         log.exception("unhandled error serving %s %s", request.method, request.path)
         response = APIError(

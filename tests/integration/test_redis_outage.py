@@ -80,6 +80,9 @@ def test_an_outage_is_a_clear_503_and_a_quiet_log(tmp_path: Path) -> None:
         assert error["code"] == "key_store_unavailable"
         assert "not in the gateway's cache" in error["message"]
         assert int(answer.headers["Retry-After"]) >= 1
+        admin = gateway.admin.get("/admin/tenants")  # the admin API needs Redis: 503, not 500
+        assert admin.status_code == 503, admin.text
+        assert admin.json()["error"]["code"] == "state_store_unavailable"
         time.sleep(1.0)
         lines = log_path.read_text().splitlines()[before:]
         warnings = [line for line in lines if " WARNING " in line or " ERROR " in line]
