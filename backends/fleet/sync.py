@@ -76,6 +76,7 @@ _PROFILE_PAGES: tuple[tuple[str, Callable[[Any], ProfileFacts]], ...] = (
 
 
 KvIndex = ExactPrefixIndex
+RESTART_GRACE_S = 5.0  # a heartbeat's TTL: every live worker has beaten again by then
 
 def parse_engine_metrics(text: str) -> dict[str, float]:
     """Running, waiting and KV usage from a vLLM or SGLang ``/metrics`` page, summed; a figure
@@ -118,6 +119,10 @@ class FleetSync:
         self._load_ts_ms: dict[str, float] = {}  # backend name -> when its load figures were made
         self._saturation = SaturationWatch()  # max batch of engines that do not say it
         self._streams_changed = asyncio.Event()
+        # Redis's run id, and until when (monotonic) heartbeat workers missing from it are kept
+        # because Redis restarted empty: they beat again within their interval.
+        self._redis_run_id: str | None = None
+        self._restart_grace_until_s = 0.0
 
     async def first_look(self) -> None:
         """One scrape and one profile discovery of the listed engines, never failing."""
@@ -159,6 +164,9 @@ class FleetSync:
         redis = self._redis
         if redis is None:
             return  # no Redis: no heartbeating workers to find
+        if self._redis_run_id is None:
+            info: Any = await redis.info("server")
+            self._redis_run_id = str(info.get("run_id", ""))
         now_ms = time.time() * 1000
         members: Any = await redis.zrangebyscore(WORKERS_ZSET, now_ms - 60_000, "+inf")
         ids = [i.decode() for i in members]
@@ -172,11 +180,30 @@ class FleetSync:
             if age_s * 1000 > float(doc.get("ttl_ms", 5000)):
                 continue
             alive.add(self._upsert(doc, age_s))
-        for backend in list(self._registry.backends):
-            if backend.source == "heartbeat" and backend.name not in alive:
-                log.info("worker %s left the fleet (heartbeat expired)", backend.name)
-                self._registry.remove(backend.name)
-                self._forget(backend.name)
+        missing = [b for b in self._registry.backends
+                   if b.source == "heartbeat" and b.name not in alive]
+        if missing and await self._redis_restarted():
+            return  # its keys are gone, not its workers: keep them while they beat again
+        for backend in missing:
+            log.info("worker %s left the fleet (heartbeat expired)", backend.name)
+            self._registry.remove(backend.name)
+            self._forget(backend.name)
+
+    async def _redis_restarted(self) -> bool:
+        """Whether Redis restarted (a new run id) within the last heartbeat TTL: then every
+        worker's heartbeat is missing at once, though each will beat again within its interval
+        (removing them answered 404 model_not_found until then)."""
+        assert self._redis is not None
+        info: Any = await self._redis.info("server")
+        run_id = str(info.get("run_id", ""))
+        now_s = time.monotonic()
+        if self._redis_run_id is not None and run_id != self._redis_run_id:
+            log.warning("fleet sync: Redis restarted; keeping its %d heartbeat workers for %.0f "
+                        "s while they beat again", len(self._registry.backends),
+                        RESTART_GRACE_S)
+            self._restart_grace_until_s = now_s + RESTART_GRACE_S
+        self._redis_run_id = run_id
+        return now_s < self._restart_grace_until_s
 
     def _upsert(self, doc: dict[str, Any], age_s: float) -> str:
         url = str(doc["url"]).rstrip("/")

@@ -11,10 +11,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.cli.localproc import ProcessGroup, start_redis
-from tests.fleet import Engine, Gateway
+from gateway.cli.localproc import (
+    ProcessGroup,
+    free_port,
+    free_port_range,
+    python_module_argv,
+    start_redis,
+)
+from tests.fleet import Engine, Gateway, wait_until
 
 MODEL = "switchyard-mock"
+SIM = "switchyard-sim"
 
 
 def _post(gateway: Gateway, key: str) -> tuple[int, float]:
@@ -90,3 +97,43 @@ def test_an_outage_is_a_clear_503_and_a_quiet_log(tmp_path: Path) -> None:
                   for line in warnings}
         # Within one interval (10 s) a cause is told once: a handful of lines, not ~40.
         assert warnings and len(warnings) <= len(causes) + 2, "\n".join(warnings)
+
+
+def test_a_redis_restart_keeps_the_workers(tmp_path: Path) -> None:
+    """Redis restarted empty: every heartbeat key is gone at once, but the workers beat again
+    within their interval, so the gateway keeps them (it used to drop them all and answer 404
+    model_not_found until they did)."""
+    with ProcessGroup(log_dir=tmp_path) as group:
+        port = free_port()
+        redis_url = start_redis(group, tmp_path, port=port)
+        redis_process = group.children[-1][1]
+        base = free_port_range(2)
+        group.spawn("sims", python_module_argv(
+            "backends.sim", "--workers", "2", "--base-port", str(base), "--model", SIM,
+            "--tokenizer", "approx", "--redis-url", redis_url, "--heartbeat-interval-s", "0.5"))
+        gateway = Gateway(group, tmp_path, redis_url, [])
+        keys = [gateway.new_key()]
+
+        def chat() -> int:
+            return httpx.post(gateway.url + "/v1/chat/completions", timeout=10,
+                              headers={"Authorization": f"Bearer {keys[-1]}"},
+                              json={"model": SIM, "max_tokens": 2,
+                                    "messages": [{"role": "user", "content": "hi"}]}).status_code
+
+        def workers() -> int:
+            return len(gateway.admin.get("/admin/fleet").json()["data"])
+
+        assert wait_until(lambda: workers() == 2, timeout_s=10)
+        assert chat() == 200  # the key is now in the gateway's cache
+        redis_process.send_signal(signal.SIGKILL)
+        redis_process.wait()
+        start_redis(group, tmp_path, port=port)  # the same address, nothing in it
+        keys.append(gateway.new_key())  # tenants and keys went with it (no persistence here)
+        statuses, counts = [], []
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            statuses.append(chat())
+            counts.append(workers())
+            time.sleep(0.05)
+        assert set(statuses) == {200}, statuses
+        assert set(counts) == {2}, counts
