@@ -16,7 +16,9 @@ import os
 import random
 import resource
 import shlex
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
@@ -73,6 +75,14 @@ def redacted(argv: Sequence[str]) -> list[str]:
             out.append(arg)
             hide_next = is_secret
     return out
+
+
+def _keep_logs(fleet_dir: Path, logs_dir: Path) -> None:
+    """Copy a finished fleet's logs next to the results, then delete its folder."""
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    for log_path in fleet_dir.glob("*.log"):
+        shutil.copyfile(log_path, logs_dir / log_path.name)
+    shutil.rmtree(fleet_dir, ignore_errors=True)
 
 
 def _tenants(args: argparse.Namespace, url: str, admin_token: str | None) -> list[TenantSpec]:
@@ -186,7 +196,11 @@ def run_experiment(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if args.fleet is not None:
             kind, count = parse_fleet(args.fleet)
             print(f"starting {count} {kind} engine(s), redis and a gateway ...", file=sys.stderr)
-            fleet = stack.enter_context(local_fleet(kind, count, out_dir / "fleet",
+            # The fleet's configuration holds its secrets: it lives outside the results, which
+            # keep only its logs (``fleet-logs/``).
+            fleet_dir = Path(tempfile.mkdtemp(prefix="switchyard-bench-fleet-"))
+            stack.callback(_keep_logs, fleet_dir, out_dir / "fleet-logs")
+            fleet = stack.enter_context(local_fleet(kind, count, fleet_dir,
                                                     tokenizer=args.fleet_tokenizer))
             url, admin_token, model = fleet.url, fleet.admin_token, model or fleet.model
             metrics_urls += fleet.worker_metrics

@@ -281,6 +281,21 @@ def test_no_secret_reaches_a_results_file(fleet: LocalFleet, tmp_path: Path) -> 
     assert leaks == set()
 
 
+def test_a_run_with_its_own_fleet_keeps_no_secret_in_its_results(tmp_path: Path) -> None:
+    """``--fleet``: the fleet's gateway configuration (its admin token and key secret) stays
+    outside the results; its logs are kept there."""
+    out = tmp_path / "out"
+    assert main(["run", "--fleet", "sim:1", "--tenants", "standard:1", "--duration", "2",
+                 "--rate", "4", "--max-tokens", "2-4", "--no-progress", "--no-plots",
+                 "--out", str(out)]) == 0
+    assert (out / "fleet-logs").is_dir() and list((out / "fleet-logs").glob("gateway*.log"))
+    artefacts = [path for path in out.rglob("*") if path.is_file()]
+    assert not [p for p in artefacts if p.suffix in (".yaml", ".yml")]
+    for path in artefacts:
+        text = path.read_text(errors="replace")
+        assert "admin_token" not in text and "key_secret" not in text, path
+
+
 @pytest.mark.parametrize(("argv", "expected"), [
     (["--admin-token", "s3cret", "--rate", "5"], ["--admin-token", "REDACTED", "--rate", "5"]),
     (["--api-key=sk-1", "--out", "x"], ["--api-key=REDACTED", "--out", "x"]),
