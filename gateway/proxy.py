@@ -36,7 +36,8 @@ from gateway.admit import (
 from gateway.auth import Principal
 from gateway.context import CLIENT_LEFT, GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, error_body
-from gateway.observe.telemetry import REQUEST_TRACE, TELEMETRY, RequestTrace
+from gateway.observe.request_log import request_record
+from gateway.observe.telemetry import REQUEST_TRACE, TELEMETRY
 from gateway.router import RoutePlan, reported_cache_usage
 from gateway.validation import CompletionRequest, parse_completion_body
 
@@ -136,32 +137,10 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
         gw.metrics.observe_request(route, served, status, time.perf_counter() - started)
         trace.finish(status)
         if gw.request_log.wants(status):
-            _log_request(gw, request, trace, started, status, error, served, principal, plan,
-                         ticket)
-
-
-def _log_request(gw: Gateway, request: web.Request, trace: RequestTrace, started_s: float,
-                 status: int, error: str | None, model: str | None,
-                 principal: Principal | None, plan: RoutePlan | None,
-                 ticket: QuotaTicket | None) -> None:
-    """The request's line in the request log (ids and figures only, never the key or text)."""
-    usage = reported_cache_usage(trace.tail) if trace.tail else None
-    prompt_tokens, cached_tokens = usage if usage is not None else (
-        plan.request.num_prompt_tokens if plan is not None else None, None)
-    waits = trace.waits
-    gw.request_log.write({
-        "request_id": request[REQUEST_ID],
-        "tenant": principal.tenant.id if principal is not None else None,
-        "key_id": principal.key.id if principal is not None else None,
-        "model": model, "tier": trace.tier, "route": trace.route, "stream": trace.is_stream,
-        "backend": trace.backend, "status": status, "error": error,
-        "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
-        "output_tokens": ticket.num_output_tokens if ticket is not None else None,
-        "ttft_s": (round(trace.first_byte_s - started_s, 6)
-                   if trace.first_byte_s is not None else None),
-        "total_s": round(time.perf_counter() - started_s, 6),
-        "dominant_wait": max(waits, key=waits.__getitem__) if waits else None,
-    })
+            gw.request_log.write(request_record(
+                request[REQUEST_ID], trace, started, status, error, served,
+                principal, plan.request.num_prompt_tokens if plan is not None else None,
+                ticket.num_output_tokens if ticket is not None else None))
 
 
 async def _read_json_body(request: web.Request, gw: Gateway) -> bytes:
@@ -389,7 +368,8 @@ async def _relay_stream(
     except DrainDeadline:
         await _end_with_error(
             out, "The gateway is shutting down and its drain time is over; the response is "
-            "incomplete: retry the request.", code="gateway_shutting_down")
+            "incomplete: retry the request.", kind="service_unavailable",
+            code="gateway_shutting_down")
     except UpstreamBroken as exc:
         gw.metrics.upstream_errors.labels(opened.backend.name, "broken_stream").inc()
         await _end_with_error(
@@ -488,12 +468,11 @@ class DrainDeadline(Exception):
     """Handed to the streams still open when a drain's time is up (``gateway.server``)."""
 
 
-async def _end_with_error(out: web.StreamResponse, message: str,
-                          code: str = "upstream_failed") -> None:
+async def _end_with_error(out: web.StreamResponse, message: str, *,
+                          kind: str = "upstream_error", code: str = "upstream_failed") -> None:
     """Tell a streaming client what went wrong, in an SSE event the OpenAI SDK raises on."""
     try:
-        event = error_body(message, "upstream_error" if code == "upstream_failed"
-                           else "service_unavailable", code)
+        event = error_body(message, kind, code)
         await out.write(b"data: " + event + b"\n\n")
         await out.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):

@@ -18,11 +18,41 @@ import os
 import random
 import sys
 import time
-from typing import IO, Any, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 import orjson
 
+from gateway.router import reported_cache_usage
+
+if TYPE_CHECKING:  # the gateway's context holds a RequestLog: no import cycle at run time
+    from gateway.auth import Principal
+    from gateway.observe.telemetry import RequestTrace
+
 Mode = Literal["off", "sampled", "all"]
+
+
+def request_record(request_id: str, trace: RequestTrace, started_s: float, status: int,
+                   error: str | None, model: str | None, principal: Principal | None,
+                   num_prompt_tokens: int | None, num_output_tokens: int | None
+                   ) -> dict[str, Any]:
+    """One request's line: ids and figures only, never the key or text. Prompt and cached
+    tokens are the engine's usage when it reported one, else the gateway's count."""
+    usage = reported_cache_usage(trace.tail) if trace.tail else None
+    prompt_tokens, cached_tokens = usage if usage is not None else (num_prompt_tokens, None)
+    waits = trace.waits
+    return {
+        "request_id": request_id,
+        "tenant": principal.tenant.id if principal is not None else None,
+        "key_id": principal.key.id if principal is not None else None,
+        "model": model, "tier": trace.tier, "route": trace.route, "stream": trace.is_stream,
+        "backend": trace.backend, "status": status, "error": error,
+        "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
+        "output_tokens": num_output_tokens,
+        "ttft_s": (round(trace.first_byte_s - started_s, 6)
+                   if trace.first_byte_s is not None else None),
+        "total_s": round(time.perf_counter() - started_s, 6),
+        "dominant_wait": max(waits, key=waits.__getitem__) if waits else None,
+    }
 
 
 class RequestLog:
