@@ -7,14 +7,19 @@
     POST   /admin/keys/import          store an operator-supplied key (never echoed back)
     GET    /admin/keys?tenant_id=T     list          GET /admin/keys/{id}          get
     DELETE /admin/keys/{id}            revoke
+    GET    /admin/usage?tenant=T&from=F&to=T2&group_by=key|model|tenant
+                                       requests, tokens and cost (gateway/usage.py)
+    GET    /admin/fleet                every backend as routing sees it
 """
 
 from __future__ import annotations
 
 import hmac
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -33,6 +38,7 @@ from gateway.tenancy import (
     imported_key_problem,
     weight_problem,
 )
+from gateway.usage import BUCKET_S, MAX_QUERY_BUCKETS, UsageRow, totals
 
 routes = web.RouteTableDef()
 
@@ -323,3 +329,97 @@ async def get_fleet(request: web.Request) -> web.Response:
             "prefix_cache": _prefix_cache_json(backend, gw.router.approx_index.ttl_for),
         })
     return _json({"object": "list", "routing_profile": gw.router.profile.name, "data": data})
+
+
+USAGE_GROUPS = ("key", "model", "tenant")
+
+
+def _instant(request: web.Request, name: str, default_s: float) -> float:
+    """A query bound: Unix seconds, or an ISO 8601 date or time (UTC unless it says)."""
+    text = request.query.get(name)
+    if text is None or not text.strip():
+        return default_s
+    text = text.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise APIError.bad_request(
+                f"Invalid {name!r}: {text[:64]!r} is neither Unix seconds nor an ISO 8601 "
+                "time; send e.g. 1764756000 or 2026-12-03T10:00:00Z.", param=name) from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return moment.timestamp()
+    if not math.isfinite(value) or not 0 <= value < 1e11:
+        raise APIError.bad_request(
+            f"Invalid {name!r}: {text[:64]!r} is not a time since 1970 in seconds.", param=name)
+    return value
+
+
+def _grouped(rows: list[UsageRow], group_by: str) -> list[UsageRow]:
+    """Rows per (tenant, key, model) summed over what ``group_by`` leaves out."""
+    if group_by == "key":
+        return rows
+    merged: dict[tuple[str, str], UsageRow] = {}
+    for row in rows:
+        name = (row.tenant, row.model if group_by == "model" else "*")
+        target = merged.get(name)
+        if target is None:
+            target = merged[name] = UsageRow(row.tenant, "*", name[1])
+        for kind in ("requests", "prompt_tokens", "cached_tokens", "output_tokens",
+                     "cost_nano"):
+            target.add(kind, getattr(row, kind))
+    return list(merged.values())
+
+
+@routes.get("/admin/usage")
+async def get_usage(request: web.Request) -> web.Response:
+    """Requests, tokens and cost per tenant, key and model over ``[from, to)`` (default: the
+    last 24 hours), in hourly buckets: the bounds are widened to whole hours."""
+    gw = _admin(request)
+    now_s = time.time()
+    to_s = _instant(request, "to", now_s)
+    from_s = _instant(request, "from", to_s - 86_400)
+    if from_s >= to_s:
+        raise APIError.bad_request("'from' must be before 'to'.", param="from")
+    if (to_s - from_s) / BUCKET_S > MAX_QUERY_BUCKETS:
+        raise APIError.bad_request(
+            f"The range is over {MAX_QUERY_BUCKETS // 24} days; ask for a shorter one.",
+            param="from")
+    group_by = request.query.get("group_by", "key")
+    if group_by not in USAGE_GROUPS:
+        raise APIError.bad_request(
+            f"Invalid 'group_by' {group_by[:32]!r}; one of: {', '.join(USAGE_GROUPS)}.",
+            param="group_by")
+    tenant_id = request.query.get("tenant")
+    if tenant_id:
+        tenant_ids = [(await _tenant_or_404(gw, tenant_id)).id]
+    else:
+        tenant_ids = [t.id for t in await gw.store.list_tenants()]
+    usage = gw.usage
+    await usage.flush()  # this replica's last charges first: a query here sees them
+    rows = _grouped(await usage.query(tenant_ids, from_s, to_s), group_by)
+    model = request.query.get("model")
+    if model:
+        rows = [r for r in rows if r.model == model]
+    key_id = request.query.get("key_id")
+    if key_id and group_by == "key":
+        rows = [r for r in rows if r.key_id == key_id]
+    currency = usage.settings.currency
+    first_s = from_s // BUCKET_S * BUCKET_S
+    last_s = math.ceil(to_s / BUCKET_S) * BUCKET_S
+    return _json({
+        "object": "usage",
+        "from": _iso(first_s), "to": _iso(last_s), "group_by": group_by,
+        "tenant": tenant_id or None,
+        "data": [r.as_json(currency) for r in rows],
+        "total": {k: v for k, v in totals(rows).as_json(currency).items()
+                  if k not in ("tenant", "key_id", "model")},
+        "flush_interval_s": usage.settings.flush_interval_s,
+    })
+
+
+def _iso(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -36,6 +36,7 @@ from gateway.observe.telemetry import admin_waits, setup_telemetry
 from gateway.router import Router
 from gateway.settings import RoutingSettings, Settings
 from gateway.state import open_state
+from gateway.usage import UsageBook
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex
 from routing.profile import SchedulingProfile, build_profile
@@ -175,7 +176,9 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             auth=state.auth, upstream=upstream, router=router, quotas=quotas, slo=slo,
             request_log=RequestLog(log_settings.mode, log_settings.sample_rate,
                                    log_settings.path),
+            usage=(usage := UsageBook(redis, settings.usage)),
         )
+        metrics.add_source(lambda: _usage_metrics(usage))
         checker = HealthChecker(
             registry, upstream.session, interval_s=settings.upstream.health_interval_s,
             timeout_s=settings.upstream.health_timeout_s,
@@ -184,6 +187,7 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
         tasks = [
             asyncio.create_task(slo.run_dispatcher(), name="admission-dispatcher"),
             asyncio.create_task(checker.run(), name="health-checks"),
+            asyncio.create_task(usage.run(), name="usage-flush"),
         ]
         if redis is not None:  # in memory there is one replica: nothing to share or hear
             tasks.append(asyncio.create_task(state.auth.listen_for_invalidations(),
@@ -272,6 +276,18 @@ def _admission_metrics(slo: SloAdmission) -> Iterator[object]:
     yield gauge_family("switchyard_ttft_predictor_bias_seconds",
                        "Mean predicted minus observed TTFT over recent predictions.", None,
                        errors.bias_s)
+
+
+def _usage_metrics(usage: UsageBook) -> Iterator[object]:
+    yield gauge_family("switchyard_usage_unsent_fields",
+                       "Usage charge fields waiting for Redis (flushed every flush_interval_s).",
+                       None, float(usage.num_pending_fields))
+    yield counter_family("switchyard_usage_flush_failures",
+                         "Usage flushes that could not reach Redis (retried).",
+                         None, float(usage.num_flush_failures))
+    yield counter_family("switchyard_usage_dropped_fields",
+                         "Usage charge fields dropped after waiting too long for Redis.",
+                         None, float(usage.num_dropped_fields))
 
 
 def _quota_metrics(quotas: QuotaStoreLike) -> Iterator[object]:

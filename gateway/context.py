@@ -19,6 +19,7 @@ from gateway.observe.request_log import RequestLog
 from gateway.router import Router
 from gateway.settings import Settings
 from gateway.tenancy import KeyStoreLike
+from gateway.usage import UsageBook
 
 
 @dataclass(slots=True)
@@ -40,6 +41,7 @@ class Gateway:
     streams: set[Response] = field(default_factory=set)
     drained: asyncio.Event = field(default_factory=asyncio.Event)  # draining, none in flight
     request_log: RequestLog = field(default_factory=RequestLog)  # off unless configured
+    usage: UsageBook = field(default_factory=lambda: UsageBook(None))  # in memory unless set
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

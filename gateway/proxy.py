@@ -38,7 +38,7 @@ from gateway.context import CLIENT_LEFT, GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, error_body
 from gateway.observe.request_log import request_record
 from gateway.observe.telemetry import REQUEST_TRACE, TELEMETRY
-from gateway.router import RoutePlan, reported_cache_usage
+from gateway.router import RoutePlan, reported_cache_usage, reported_usage
 from gateway.validation import CompletionRequest, parse_completion_body
 
 log = logging.getLogger(__name__)
@@ -136,11 +136,32 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
         served = model if gw.registry.serves(model) else None
         gw.metrics.observe_request(route, served, status, time.perf_counter() - started)
         trace.finish(status)
+        if trace.backend is not None and status in (200, 499) and principal is not None \
+                and plan is not None and ticket is not None:
+            _charge(gw, principal, model, trace.tail, plan.request.num_prompt_tokens,
+                    ticket.num_output_tokens)
         if gw.request_log.wants(status):
             gw.request_log.write(request_record(
                 request[REQUEST_ID], trace, started, status, error, served,
                 principal, plan.request.num_prompt_tokens if plan is not None else None,
                 ticket.num_output_tokens if ticket is not None else None))
+
+
+def _charge(gw: Gateway, principal: Principal, model: str, tail: bytes,
+            num_counted_prompt_tokens: int, num_output_tokens: int) -> None:
+    """Book a request a backend answered: the engine's prompt and cached tokens when its
+    usage said them, else the gateway's count (and none cached)."""
+    usage = gw.usage
+    if not usage.is_enabled:
+        return
+    reported_prompt, reported_cached = reported_usage(tail) if tail else (None, None)
+    prompt = num_counted_prompt_tokens if reported_prompt is None else reported_prompt
+    cached = min(prompt, reported_cached or 0)
+    tenant = principal.tenant.id
+    cost = usage.charge(tenant, principal.key.id, model, prompt_tokens=prompt,
+                        cached_tokens=cached, output_tokens=num_output_tokens)
+    gw.metrics.observe_charge(tenant, model, usage.settings.currency, prompt, cached,
+                              num_output_tokens, cost)
 
 
 async def _read_json_body(request: web.Request, gw: Gateway) -> bytes:
@@ -300,7 +321,7 @@ async def _relay_body(
         response.headers["x-switchyard-backend"] = opened.backend.name
     if ticket.is_limited:
         response.headers.update(ticket.headers)
-        ticket.num_output_tokens = output_tokens_from(body[-512:], 0)
+    ticket.num_output_tokens = output_tokens_from(body[-512:], 0)
     request[REQUEST_TRACE].tail = body
     return response
 

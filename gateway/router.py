@@ -366,12 +366,20 @@ _CACHED_TOKENS_RE = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 def reported_cache_usage(tail: bytes) -> tuple[int, int] | None:
     """(prompt tokens, cached tokens) from the usage object at the end of a response (its
     last 4 KiB: a body, or a stream's last events); None when the engine did not say."""
+    prompt, cached = reported_usage(tail)
+    if cached is None or prompt is None:
+        return None
+    return prompt, cached
+
+
+def reported_usage(tail: bytes) -> tuple[int | None, int | None]:
+    """(prompt tokens, cached tokens) as far as the usage object at the end of a response
+    (its last 4 KiB) says them; None for each it does not."""
     tail = tail[-4096:]
     cached = _CACHED_TOKENS_RE.search(tail)
     prompt = _PROMPT_TOKENS_RE.search(tail)
-    if cached is None or prompt is None:
-        return None
-    return int(prompt.group(1)), int(cached.group(1))
+    return (int(prompt.group(1)) if prompt is not None else None,
+            int(cached.group(1)) if cached is not None else None)
 
 
 def _with_free_slots(snapshot: FleetSnapshot) -> FleetSnapshot:

@@ -173,6 +173,27 @@ class RequestLogSettings(_Strict):
     path: str | None = Field(None, description="append to this file (mode 0600); default stdout")
 
 
+class PriceSettings(_Strict):
+    """A model's price in currency units per million tokens."""
+
+    prompt: float = Field(0.0, ge=0, description="per million uncached prompt tokens")
+    cached: float | None = Field(
+        None, ge=0, description="per million cached prompt tokens (default: the prompt price)")
+    output: float = Field(0.0, ge=0, description="per million output tokens")
+
+
+class UsageSettings(_Strict):
+    """Usage accounting (gateway/usage.py): tokens and cost per tenant, key and model."""
+
+    enabled: bool = Field(True, description="charge every answered request")
+    flush_interval_s: float = Field(
+        1.0, gt=0, le=60, description="how often this replica adds its charges to Redis")
+    retention_days: int = Field(90, ge=1, le=3660, description="hourly buckets expire after")
+    currency: str = Field("USD", min_length=1, max_length=16)
+    prices: dict[str, PriceSettings] = Field(
+        default_factory=dict, description="per model; a model without one costs 0")
+
+
 class AdmissionSettings(_Strict):
     """Quota enforcement (per-tenant limits live on the tenant, in Redis)."""
 
@@ -214,6 +235,7 @@ class Settings(_Strict):
     routing: RoutingSettings = RoutingSettings()
     admission: AdmissionSettings = AdmissionSettings()
     request_log: RequestLogSettings = RequestLogSettings()
+    usage: UsageSettings = UsageSettings()
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     drain_timeout_s: float = Field(30.0, ge=0)
     key_cache_ttl_s: float = Field(30.0, gt=0)

@@ -1,5 +1,5 @@
-"""The `switchyard` command: serve, config check, up, tenants, keys, waits, mock-engine, sim,
-worker, bench."""
+"""The `switchyard` command: serve, config check, up, tenants, keys, usage, waits, mock-engine,
+sim, worker, bench."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version
 
 from gateway.cli import admin_client, quickstart, up
+from gateway.cli import usage as usage_cli
 from gateway.observe import waits
 from gateway.settings import ConfigError, load_settings
 
@@ -34,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     up.add_arguments(sub.add_parser("up", help="run a local fleet: Redis, engines, gateway"))
     admin_client.register(sub)
+    usage_cli.register(sub)
     waits.register(sub)
     sub.add_parser("mock-engine", help="run the placeholder OpenAI-compatible engine",
                    add_help=False)
@@ -108,6 +110,8 @@ def _main(argv: list[str]) -> int:
         return up.run(args)
     if args.command == "waits":
         return waits.run(args)
+    if args.command == "usage":
+        return usage_cli.run(args)
     return admin_client.run(args.command, args)
 
 

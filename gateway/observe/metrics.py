@@ -26,6 +26,19 @@ class GatewayMetrics:
             ["route", "model", "status"],
             registry=self.registry,
         )
+        self.tenant_tokens = Counter(
+            "switchyard_tenant_tokens",
+            "Tokens charged to tenants (usage accounting) by model and kind: prompt (cached "
+            "ones included), cached, output.",
+            ["tenant", "model", "kind"],
+            registry=self.registry,
+        )
+        self.tenant_cost = Counter(
+            "switchyard_tenant_cost",
+            "Cost charged to tenants at the configured prices (usage.prices), in currency units.",
+            ["tenant", "model", "currency"],
+            registry=self.registry,
+        )
         self.request_duration = Histogram(
             "switchyard_request_duration_seconds",
             "End-to-end request duration at the gateway.",
@@ -82,6 +95,8 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self._request_children: dict[tuple[str, str, int], Counter] = {}
+        self._charge_children: dict[tuple[str, str],
+                                    tuple[Counter, Counter, Counter, Counter]] = {}
         self._duration_children = {
             route: self.request_duration.labels(route) for route in ("chat", "completions")
         }
@@ -108,6 +123,23 @@ class GatewayMetrics:
             self._request_children[key] = child
         child.inc()
         self._duration_children[route].observe(duration_s)
+
+
+    def observe_charge(self, tenant: str, model: str, currency: str, prompt_tokens: int,
+                       cached_tokens: int, output_tokens: int, cost_nano: int) -> None:
+        children = self._charge_children.get((tenant, model))
+        if children is None:
+            children = self._charge_children[(tenant, model)] = (
+                self.tenant_tokens.labels(tenant, model, "prompt"),
+                self.tenant_tokens.labels(tenant, model, "cached"),
+                self.tenant_tokens.labels(tenant, model, "output"),
+                self.tenant_cost.labels(tenant, model, currency))
+        prompt, cached, output, cost = children
+        prompt.inc(prompt_tokens)
+        cached.inc(cached_tokens)
+        output.inc(output_tokens)
+        if cost_nano:
+            cost.inc(cost_nano / 1e9)
 
 
 class _CallbackCollector(Collector):
