@@ -325,6 +325,8 @@ async def get_fleet(request: web.Request) -> web.Response:
             "num_prefix_kv_blocks": backend.num_prefix_kv_blocks,
             "num_in_flight": backend.num_in_flight, "num_ending": backend.num_ending,
             "load_source": backend.load_source,
+            "breaker": {"state": backend.breaker.state, "reason": backend.breaker.reason or None,
+                        "num_ejections": backend.breaker.num_ejections_total},
             "profile": _profile_json(backend),
             "prefix_cache": _prefix_cache_json(backend, gw.router.approx_index.ttl_for),
         })

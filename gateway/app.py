@@ -22,6 +22,7 @@ from admission.fair_queue import FairQueueConfig
 from admission.quota.types import QuotaStoreLike
 from admission.waiting_room import SloAdmission
 from backends.fleet.approx_sync import ApproxIndexSync
+from backends.fleet.breaker import BreakerConfig
 from backends.fleet.health import HealthChecker
 from backends.fleet.profiles import stated_facts
 from backends.fleet.registry import Backend, BackendRegistry
@@ -150,7 +151,8 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             )
             for b in settings.backends
         ]
-        registry = BackendRegistry(backends)
+        registry = BackendRegistry(
+            backends, breaker=BreakerConfig(**settings.upstream.breaker.model_dump()))
         state = open_state(settings)
         redis, quotas = state.redis, state.quotas
         upstream = UpstreamClient(settings.upstream)

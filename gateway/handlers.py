@@ -63,10 +63,15 @@ async def readyz(request: web.Request) -> web.Response:
     return _json({"status": "ready", "healthy_backends": healthy})
 
 
+BREAKER_STATES = ("closed", "open", "half_open")
+
+
 async def metrics(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     for backend in gw.registry.backends:
         gw.metrics.backend_healthy.labels(backend.name).set(1 if backend.is_healthy else 0)
+        gw.metrics.breaker_state.labels(backend.name).set(
+            BREAKER_STATES.index(backend.breaker.state))
     gw.metrics.in_flight.set(gw.num_in_flight)
     body = generate_latest(gw.metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -231,11 +231,29 @@ async def _forward(
             gw.metrics.upstream_errors.labels(backend.name, exc.reason).inc()
             if exc.reason == "connect":
                 backend.mark_failure(str(exc))
+            if exc.reason not in ("pool_timeout", "backend_down"):  # busy, or already out
+                _failed_on(gw, backend, exc.reason)
             continue
         except BaseException:
             router.finished(backend, plan, had_first_token=False)
             raise
-        if opened.response.status in RETRYABLE_STATUSES and index + 1 < len(ranked):
+        status = opened.response.status
+        malformed = _malformed(parsed, opened)
+        if malformed is not None:
+            router.finished(backend, plan, had_first_token=False)
+            gw.metrics.upstream_errors.labels(backend.name, malformed[0]).inc()
+            _failed_on(gw, backend, malformed[0])
+            opened.response.close()
+            opened = None
+            failure = UpstreamFailure(backend, malformed[0], malformed[1])
+            continue
+        if status >= 500:
+            _failed_on(gw, backend, f"http_{status}")
+        else:
+            gw.registry.request_succeeded(
+                backend, time.monotonic(),
+                time.perf_counter() - sent_s if parsed.is_stream and status == 200 else None)
+        if status in RETRYABLE_STATUSES and index + 1 < len(ranked):
             router.finished(backend, plan, had_first_token=False)
             gw.metrics.upstream_errors.labels(backend.name, f"http_{opened.response.status}").inc()
             opened.response.close()
@@ -271,6 +289,36 @@ async def _forward(
         opened.response.close()
 
 
+_SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
+
+
+def _malformed(parsed: CompletionRequest, opened: Opened) -> tuple[str, str] | None:
+    """(reason, message) when a 200 is not what it says, judged before the client sees a
+    byte so that the request can go elsewhere: a stream whose first bytes are no SSE field,
+    or a JSON body that does not parse."""
+    response = opened.response
+    if response.status != 200:
+        return None
+    name = opened.backend.name
+    if parsed.is_stream and response.content_type == "text/event-stream":
+        if not opened.first_chunk.lstrip(b"\r\n ").startswith(_SSE_FIELDS):
+            return "bad_sse", (f"backend {name!r} answered a stream whose first bytes are not "
+                               "server-sent events")
+        return None
+    if "json" in response.content_type and response.is_eof():
+        try:
+            orjson.loads(opened.first_chunk)
+        except orjson.JSONDecodeError:
+            return "bad_json", f"backend {name!r} answered 200 with a body that is not JSON"
+    return None
+
+
+def _failed_on(gw: Gateway, backend: Backend, reason: str) -> None:
+    """A request failed on ``backend``: its breaker counts it (and may eject it)."""
+    if gw.registry.request_failed(backend, reason, time.monotonic()):
+        gw.metrics.ejections.labels(backend.name).inc()
+
+
 def _ending_at_events(parsed: CompletionRequest, plan: RoutePlan) -> int | None:
     """The SSE event count at which a stream has at most one token left, so that its slot
     can take the next request (``Router.nearly_done``); None when that is not known.
@@ -303,6 +351,7 @@ async def _relay_body(
                 body += await upstream.read()
         except (TimeoutError, UpstreamBroken, OSError):
             gw.metrics.upstream_errors.labels(opened.backend.name, "protocol").inc()
+            _failed_on(gw, opened.backend, "broken_body")
             raise APIError.bad_gateway(
                 f"Upstream failed: backend {opened.backend.name!r} broke off its response."
             ) from None
@@ -385,6 +434,7 @@ async def _relay_stream(
                 upstream.resume_reading()
     except TimeoutError:
         gw.metrics.upstream_errors.labels(opened.backend.name, "idle_timeout").inc()
+        _failed_on(gw, opened.backend, "idle_timeout")
         await _end_with_error(out, f"Upstream timeout: backend {opened.backend.name!r} stalled.")
     except DrainDeadline:
         await _end_with_error(
@@ -393,6 +443,7 @@ async def _relay_stream(
             code="gateway_shutting_down")
     except UpstreamBroken as exc:
         gw.metrics.upstream_errors.labels(opened.backend.name, "broken_stream").inc()
+        _failed_on(gw, opened.backend, "broken_stream")
         await _end_with_error(
             out, f"Upstream failed: backend {opened.backend.name!r} broke off the stream "
             f"({exc}); the response is incomplete."
@@ -402,7 +453,14 @@ async def _relay_stream(
         request[CLIENT_LEFT] = True
         return out
     else:
-        await out.write_eof()
+        if b"data: [DONE]" in splice.previous[-64:] + splice.tail[-64:]:
+            await out.write_eof()
+        else:  # a clean end without [DONE]: the engine stopped short
+            gw.metrics.upstream_errors.labels(opened.backend.name, "no_done").inc()
+            _failed_on(gw, opened.backend, "no_done")
+            await _end_with_error(
+                out, f"Upstream failed: backend {opened.backend.name!r} ended the stream "
+                "without 'data: [DONE]'; the response may be incomplete.")
     finally:
         gw.streams.discard(upstream)
         gw.metrics.streamed_chunks.inc(splice.num_chunks)

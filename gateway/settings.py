@@ -127,6 +127,28 @@ class LimitSettings(_Strict):
     max_concurrent: int | None = Field(None, ge=1)
 
 
+class BreakerSettings(_Strict):
+    """Outlier ejection per backend from what real requests met (backends/fleet/breaker.py)."""
+
+    enabled: bool = True
+    consecutive_failures: int = Field(5, ge=1, description="failures in a row that eject")
+    error_rate: float = Field(0.5, gt=0, le=1,
+                              description="share of failures over window_s that ejects")
+    min_requests: int = Field(20, ge=1, description="results in the window before error_rate "
+                              "or latency counts")
+    window_s: float = Field(10.0, gt=0)
+    ejection_s: float = Field(5.0, gt=0, description="the first ejection; doubled for each "
+                              "one in a row, up to max_ejection_s, then a half-open probe")
+    max_ejection_s: float = Field(60.0, gt=0)
+    max_ejected_share: float = Field(
+        0.5, ge=0, le=1, description="never eject more than this share of a model's backends")
+    latency_factor: float = Field(
+        10.0, ge=0, description="eject a backend whose median time to first byte is this many "
+        "times the others' (0: off)")
+    latency_min_s: float = Field(1.0, ge=0, description="and at least this long")
+    latency_samples: int = Field(50, ge=1)
+
+
 class UpstreamSettings(_Strict):
     connect_timeout_s: float = Field(3.0, gt=0)
     first_byte_timeout_s: float = Field(120.0, gt=0)
@@ -136,6 +158,7 @@ class UpstreamSettings(_Strict):
     health_timeout_s: float = Field(1.0, gt=0)
     retry_before_first_byte: bool = True
     max_connections_per_backend: int = Field(512, ge=1, le=100_000)
+    breaker: BreakerSettings = BreakerSettings()
 
 
 class RoutingSettings(_Strict):

@@ -54,7 +54,7 @@ class HealthChecker:
     async def probe_all(self) -> None:
         # Workers that heartbeat are judged by their heartbeat; probe the configured ones.
         await asyncio.gather(
-            *(self.probe(b) for b in self._registry.backends if b.source == "config"))
+            *(self.probe(b) for b in self._registry.backends))
 
     async def run(self) -> None:
         """Probe every backend each interval until cancelled."""

@@ -11,13 +11,18 @@ Example::
 
 from __future__ import annotations
 
+import logging
+import statistics
 from dataclasses import dataclass, field
 from math import inf
 from typing import Any
 
+from backends.fleet.breaker import Breaker, BreakerConfig
 from backends.fleet.cache_feedback import CacheFeedback
 from backends.fleet.profiles import ProfileFacts, merge
 from routing.types import BackendProfile, BackendState
+
+log = logging.getLogger(__name__)
 
 # Where a backend's load figures come from: its heartbeat, its scraped /metrics, or (an engine
 # that exposes neither) this gateway's own books: what it sent and has not seen finish, which
@@ -67,6 +72,11 @@ class Backend:
     num_started_since_load: int = 0
     # Streams this gateway has in flight on their last step (``Router.nearly_done``).
     num_ending: int = 0
+    # Outlier ejection from what its requests met (``BackendRegistry.request_failed``).
+    breaker: Breaker = field(default_factory=Breaker)
+    # Responses sent here that wait for their first byte: failed at once (``BackendDown``)
+    # when the backend is marked down, so their requests go elsewhere instead of waiting.
+    awaiting_head: set[Any] = field(default_factory=set)
     # The last state() and the time it was taken for; any other field's change drops it.
     _state: BackendState | None = field(default=None, init=False, repr=False)
     _state_now_s: float = field(default=0.0, init=False, repr=False)
@@ -101,6 +111,7 @@ class Backend:
         self.num_in_flight += 1
         self.num_in_flight_tokens += reserved_tokens
         self.num_in_flight_prompt_tokens += pending_prefill_tokens
+        self.breaker.sent()
 
     def book_first_token(self, pending_prefill_tokens: int, sent_s: float) -> None:
         """A request sent at ``sent_s`` has its first token: its prefill is done, and if the
@@ -121,6 +132,7 @@ class Backend:
         last figures said until the next observation."""
         if was_ending:
             self.num_ending -= 1
+        self.breaker.settled()
         self.num_in_flight -= 1
         self.num_in_flight_tokens -= reserved_tokens
         self.num_finished_since_load += 1
@@ -169,7 +181,7 @@ class Backend:
             num_running = max(0, running - finished)
             num_waiting = max(0, waiting - max(0, finished - running))
         state = BackendState(
-            name=self.name, models=self.models, is_healthy=self.is_healthy, age_s=age_s,
+            name=self.name, models=self.models, is_healthy=self.admits(now_s), age_s=age_s,
             weight=self.weight, profile=self.profile, num_running=num_running,
             num_waiting=num_waiting, kv_usage=kv_usage,
             num_queued_prefill_tokens=self.num_queued_prefill_tokens,
@@ -195,16 +207,39 @@ class Backend:
         self.last_error = ""
 
     def mark_failure(self, reason: str) -> None:
-        """A failed request or probe takes the backend out until a probe succeeds."""
+        """A failed request or probe takes the backend out until a probe succeeds (or, for a
+        worker, a new heartbeat); requests that wait for its first byte are failed now."""
+        was_healthy = self.is_healthy
         self.is_healthy = False
         self.num_consecutive_failures += 1
         self.last_error = reason
+        if was_healthy:
+            self.fail_waiting(reason)
+
+    def fail_waiting(self, reason: str) -> None:
+        """Fail every request sent here that has had no byte back (``BackendDown``): the
+        gateway retries them on another backend before the client has seen anything."""
+        waiting, self.awaiting_head = self.awaiting_head, set()
+        for response in waiting:
+            response.interrupt(BackendDown(f"backend {self.name!r} was marked down ({reason})"))
+
+    def admits(self, now_s: float) -> bool:
+        """Healthy, and its breaker lets a request through now."""
+        return self.is_healthy and self.breaker.admits(now_s)
+
+
+class BackendDown(Exception):
+    """The backend was marked down while a request waited for its first byte."""
 
 
 class BackendRegistry:
-    """Backends by name and by model; workers join and leave at run time (``add``/``remove``)."""
+    """Backends by name and by model; workers join and leave at run time (``add``/``remove``).
+    It also ejects outliers (``request_failed`` / ``request_succeeded``, see ``breaker``)."""
 
-    def __init__(self, backends: list[Backend]) -> None:
+    def __init__(self, backends: list[Backend], breaker: BreakerConfig | None = None) -> None:
+        self.breaker_config = breaker or BreakerConfig()
+        for backend in backends:
+            backend.breaker = Breaker(self.breaker_config)
         self.backends = list(backends)
         self._by_model: dict[str, list[Backend]] = {}
         self._by_name: dict[str, Backend] = {}
@@ -225,6 +260,7 @@ class BackendRegistry:
     def add(self, backend: Backend) -> None:
         if backend.name in self._by_name:
             raise ValueError(f"backend {backend.name!r} is already registered")
+        backend.breaker = Breaker(self.breaker_config)
         self.backends.append(backend)
         self._reindex()
 
@@ -233,6 +269,7 @@ class BackendRegistry:
         if backend is not None:
             self.backends.remove(backend)
             self._reindex()
+            backend.fail_waiting("it left the fleet")
         return backend
 
     def for_model(self, model: str) -> list[Backend]:
@@ -246,3 +283,55 @@ class BackendRegistry:
 
     def num_healthy(self) -> int:
         return sum(1 for b in self.backends if b.is_healthy)
+
+    # -- outlier ejection ------------------------------------------------------------------
+    def request_failed(self, backend: Backend, reason: str, now_s: float) -> bool:
+        """A request failed on ``backend`` (connection, timeout, 5xx, broken body); True when
+        that ejected it."""
+        if not self.breaker_config.enabled or not backend.breaker.failed(now_s, reason):
+            return False
+        return self._eject(backend, now_s)
+
+    def request_succeeded(self, backend: Backend, now_s: float,
+                          first_byte_s: float | None = None) -> None:
+        """A request got a response head below 500 (a stream's after ``first_byte_s``)."""
+        if not self.breaker_config.enabled:
+            return
+        backend.breaker.succeeded(now_s, first_byte_s)
+        config = self.breaker_config
+        if first_byte_s is None or not config.latency_factor:
+            return
+        median_s = backend.breaker.median_latency_s()
+        if median_s is None or median_s < config.latency_min_s:
+            return
+        others = [m for b in self._peers(backend) if b is not backend
+                  and b.breaker.state == "closed"
+                  and (m := b.breaker.median_latency_s()) is not None]
+        if not others:
+            return
+        typical_s = statistics.median(others)
+        if median_s > config.latency_factor * typical_s:
+            self._eject(backend, now_s, f"latency outlier: median time to first byte "
+                        f"{median_s:.2f} s against {typical_s:.2f} s on the others")
+
+    def _peers(self, backend: Backend) -> list[Backend]:
+        """The backends that share a model with ``backend`` (itself included)."""
+        return list({id(b): b for model in backend.models for b in self.for_model(model)}
+                    .values())
+
+    def _eject(self, backend: Backend, now_s: float, reason: str | None = None) -> bool:
+        peers = self._peers(backend)
+        num_ejected = sum(1 for b in peers if b is not backend and b.breaker.state == "open"
+                          and b.breaker.opened_until_s > now_s)
+        if num_ejected + 1 > self.breaker_config.max_ejected_share * len(peers):
+            log.warning("backend %s would be ejected (%s) but %d of its %d peers already are "
+                        "(max_ejected_share %.2f): kept in", backend.name,
+                        reason or backend.breaker.reason, num_ejected, len(peers),
+                        self.breaker_config.max_ejected_share)
+            return False
+        duration_s = backend.breaker.eject(now_s, reason)
+        backend._state = None  # routing sees it out from now
+        log.warning("backend %s ejected for %.0f s: %s", backend.name, duration_s,
+                    backend.breaker.reason)
+        return True
+

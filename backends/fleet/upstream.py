@@ -27,9 +27,9 @@ from typing import Protocol
 import aiohttp
 
 from backends.fleet.http1 import Pool, Response, UpstreamBroken
-from backends.fleet.registry import Backend
+from backends.fleet.registry import Backend, BackendDown
 
-RETRYABLE_STATUSES = frozenset({502, 503, 504})
+RETRYABLE_STATUSES = frozenset({500, 502, 503, 504})  # tried on another backend, once
 
 
 class UpstreamSettings(Protocol):
@@ -143,6 +143,7 @@ class UpstreamClient:
                     if timer is not None:
                         timer("upstream_connect", started_s)
                 connecting = False
+                backend.awaiting_head.add(response)
                 await response.wait_head()
                 if is_stream and response.status == 200:
                     first = await response.readany()
@@ -170,6 +171,11 @@ class UpstreamClient:
                 f"backend {backend.name!r} sent nothing within {wait_s:g} s",
                 is_timeout=True,
             ) from None
+        except BackendDown as exc:
+            assert response is not None
+            response.close()
+            raise UpstreamFailure(backend, "backend_down", f"{exc}; nothing was sent back "
+                                  "before that") from None
         except (UpstreamBroken, OSError) as exc:
             if response is not None:
                 response.close()
@@ -186,4 +192,7 @@ class UpstreamClient:
             if response is not None:
                 response.close()
             raise
+        finally:
+            if response is not None:
+                backend.awaiting_head.discard(response)
         return Opened(backend=backend, response=response, first_chunk=first)

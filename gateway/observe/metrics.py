@@ -78,6 +78,18 @@ class GatewayMetrics:
             ["backend"],
             registry=self.registry,
         )
+        self.ejections = Counter(
+            "switchyard_backend_ejections",
+            "Backends ejected by their circuit breaker (failures in a row, error rate, latency).",
+            ["backend"],
+            registry=self.registry,
+        )
+        self.breaker_state = Gauge(
+            "switchyard_backend_breaker_state",
+            "The backend's circuit breaker: 0 closed, 1 open (ejected), 2 half-open (probing).",
+            ["backend"],
+            registry=self.registry,
+        )
         self.auth_failures = Counter(
             "switchyard_auth_failures",
             "Requests rejected by authentication, by error code.",
