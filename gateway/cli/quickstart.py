@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -164,24 +166,36 @@ def banner(gw: Gateway, url: str, *, admin_token: str | None, tenant_note: str) 
         lines.append(f"  admin token: {admin_token}   (shown only here)")
     else:
         lines.append("  admin token: the one in $SWITCHYARD_ADMIN_TOKEN")
-    token_arg = admin_token or _TOKEN_FROM_ENV
+    token_arg = shlex.quote(admin_token) if admin_token else _TOKEN_FROM_ENV
     lines.append(f"  tenant: {DEFAULT_TENANT} ({tenant_note})")
     model = sorted(backends[0].models)[0]
     body = f'{{"model": "{model}", "messages": [{{"role": "user", "content": "hello"}}]}}'
+    # The Python lines stay flush left: they are one `python -c` program.
     lines += [
         "", "  Make a key (the \"key\" it prints is shown once):",
         f"    SWITCHYARD_URL={url} SWITCHYARD_ADMIN_TOKEN={token_arg} "
-        f"switchyard keys create --tenant {DEFAULT_TENANT}",
+        f"{_switchyard_command()} keys create --tenant {DEFAULT_TENANT}",
         "", "  Call the gateway with it (export KEY=sy-...):",
         f"    curl {url}/v1/chat/completions -H \"Authorization: Bearer $KEY\" \\",
         f"      -H \"Content-Type: application/json\" -d '{body}'",
-        "    python -c 'import os; from openai import OpenAI",
-        f"    client = OpenAI(base_url=\"{url}/v1\", api_key=os.environ[\"KEY\"])",
-        f"    print(client.chat.completions.create(model=\"{model}\", messages=[{{\"role\": "
+        "",
+        f"    {shlex.quote(sys.executable)} -c 'import os; from openai import OpenAI",
+        f"client = OpenAI(base_url=\"{url}/v1\", api_key=os.environ[\"KEY\"])",
+        f"print(client.chat.completions.create(model=\"{model}\", messages=[{{\"role\": "
         "\"user\", \"content\": \"hello\"}]).choices[0].message.content)'",
         "",
     ]
     return "\n".join(lines)
+
+
+def _switchyard_command() -> str:
+    """``switchyard`` as a command that works with the virtual environment off PATH: the script
+    beside this interpreter, else ``<this interpreter> -m gateway``. ``sys.executable`` is kept
+    as it is, not resolved: a venv's ``bin/python`` links to a base Python without the packages."""
+    script = Path(sys.executable).parent / "switchyard"
+    if script.is_file():
+        return shlex.quote(str(script))
+    return f"{shlex.quote(sys.executable)} -m gateway"
 
 
 def _reachable(url: str) -> str:

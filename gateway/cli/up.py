@@ -6,6 +6,9 @@ Ctrl-C (or SIGTERM) stops every child in reverse order of starting.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import shlex
+import sys
 import tempfile
 from pathlib import Path
 
@@ -39,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.pytorch_workers > 0 and importlib.util.find_spec("torch") is None:
+        # find_spec only locates the package: this process never loads torch.
+        raise SystemExit("switchyard up: --pytorch-workers needs PyTorch, which this environment "
+                         "lacks: run `SWITCHYARD_WORKER=1 scripts/setup.sh` (the CPU build)")
     workdir = Path(tempfile.mkdtemp(prefix="switchyard-up-"))
     is_stopped = catch_stop_signals()
     with LocalFleet(workdir, redis_url=args.redis_url) as fleet:
@@ -84,6 +91,9 @@ def _demo_key(fleet: LocalFleet, origin: str) -> str:
 
 
 def _print_banner(base: str, key: str, model: str, admin_token: str, workdir: Path) -> None:
+    # This interpreter by its absolute path: it has the openai package, a bare `python` on PATH
+    # may not (or may not exist at all, as on Debian).
+    python = shlex.quote(sys.executable)
     print(f"""
 switchyard is up at {base}   (logs and config in {workdir})
 
@@ -94,7 +104,7 @@ switchyard is up at {base}   (logs and config in {workdir})
     -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
     -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "hello there"}}]}}'
 
-  python -c '
+  {python} -c '
 from openai import OpenAI
 client = OpenAI(base_url="{base}/v1", api_key="{key}")
 print(client.chat.completions.create(model="{model}",

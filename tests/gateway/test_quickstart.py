@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -29,6 +30,14 @@ from tests.fleet import Engine
 SWITCHYARD = str(Path(sys.executable).parent / "switchyard")
 _TOKEN_RE = re.compile(r"^  admin token: (\S+)   \(shown only here\)$", re.MULTILINE)
 _LOG_LINE_RE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ ")
+# A fresh Debian shell: no virtual environment or pyenv on PATH, so no `python` or `switchyard`.
+FRESH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The banner's commands as printed (a command's lines after its first are not indented).
+PRINTED_COMMANDS = {
+    "keys": re.compile(r"^    (SWITCHYARD_URL=.* keys create --tenant default)$", re.MULTILINE),
+    "curl": re.compile(r"^    (curl .*\\\n.*)$", re.MULTILINE),
+    "python": re.compile(r"^    (\S+ -c '.*?')$", re.MULTILINE | re.DOTALL),
+}
 
 
 class QuickGateway:
@@ -127,7 +136,7 @@ def test_banner_names_backends_models_token_tenant_and_commands(
     assert f"WARNING: {MEMORY_WARNING}" in out
     assert "tenant: default (created: every model, tier standard)" in out
     assert (f"SWITCHYARD_URL={quick.url} SWITCHYARD_ADMIN_TOKEN={quick.admin_token} "
-            "switchyard keys create --tenant default") in out
+            f"{SWITCHYARD} keys create --tenant default") in out
     assert f"curl {quick.url}/v1/chat/completions" in out
     assert f'OpenAI(base_url="{quick.url}/v1"' in out
     assert out.count(quick.admin_token) == 2  # the token line and the command, in the banner
@@ -135,15 +144,33 @@ def test_banner_names_backends_models_token_tenant_and_commands(
     assert log_lines and not [line for line in log_lines if quick.admin_token in line]
 
 
-def test_the_printed_cli_command_makes_a_working_key(quick: QuickGateway) -> None:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_")}
-    result = subprocess.run(
-        [SWITCHYARD, "keys", "create", "--tenant", "default"], capture_output=True, text=True,
-        timeout=30, check=False,
-        env={**clean, "SWITCHYARD_URL": quick.url, "SWITCHYARD_ADMIN_TOKEN": quick.admin_token})
-    assert result.returncode == 0, result.stderr
-    key = json.loads(result.stdout)["key"]
+def run_printed(gw: QuickGateway, kind: str, cwd: Path, **env: str) -> str:
+    """Run the banner's ``kind`` command in a fresh shell; its standard output."""
+    match = PRINTED_COMMANDS[kind].search(gw.output())
+    assert match, f"no {kind} command in the banner:\n{gw.output()}"
+    result = subprocess.run(["/bin/sh", "-c", match.group(1)], capture_output=True, text=True,
+                            timeout=30, check=False, cwd=cwd,
+                            env={"PATH": FRESH_PATH, "HOME": str(cwd), **env})
+    assert result.returncode == 0, f"{match.group(1)}\n{result.stderr}"
+    return result.stdout
+
+
+def test_the_printed_cli_command_makes_a_working_key(quick: QuickGateway, tmp_path: Path) -> None:
+    key = json.loads(run_printed(quick, "keys", tmp_path))["key"]
     assert chat(quick, key).status_code == 200
+
+
+@pytest.mark.parametrize("kind", ["curl", "python"])
+def test_the_printed_calls_work_with_the_printed_key(quick: QuickGateway, kind: str,
+                                                     tmp_path: Path) -> None:
+    if kind == "curl" and shutil.which("curl", path=FRESH_PATH) is None:
+        pytest.skip("curl is not installed: the printed curl command cannot run here")
+    key = json.loads(run_printed(quick, "keys", tmp_path))["key"]
+    output = run_printed(quick, kind, tmp_path, KEY=key)
+    if kind == "curl":
+        assert json.loads(output)["choices"][0]["message"]["content"], output
+    else:
+        assert output.strip()
 
 
 def test_models_chat_and_streaming_through_the_openai_sdk(quick: QuickGateway) -> None:

@@ -1,20 +1,32 @@
 """`switchyard up` brings up Redis, simulated engines, a PyTorch worker and the gateway, prints a
-working demo key, and Ctrl-C (SIGINT) stops every child."""
+working demo key and commands that work as printed, and Ctrl-C (SIGINT) stops every child."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import openai
+import pytest
 
 from gateway.cli.localproc import free_port
+
+# A fresh Debian shell: no virtual environment or pyenv on PATH, so no `python` either.
+FRESH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The banner's commands, each up to the blank line after it.
+PRINTED_COMMANDS = {
+    "curl": re.compile(r"^  (curl .*?)\n\n", re.MULTILINE | re.DOTALL),
+    "python": re.compile(r"^  (\S+ -c '.*?')\n\n", re.MULTILINE | re.DOTALL),
+}
 
 
 def _children_of(pid: int) -> set[int]:
@@ -58,14 +70,56 @@ def _read_until(proc: subprocess.Popen[bytes], pattern: str, timeout_s: float) -
     return output.decode(errors="replace")
 
 
-def test_up_serves_the_demo_key_and_ctrl_c_stops_every_child() -> None:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "up", "--port", str(port), "--workers", "2",
-         "--pytorch-workers", "1"],
+def _start_up(port: int, *flags: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway", "up", "--port", str(port), *flags],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def sim_banner() -> Iterator[str]:
+    """The banner of `switchyard up` with one simulated worker (the README's local fleet)."""
+    proc = _start_up(free_port(), "--workers", "1")
+    try:
+        output = _read_until(proc, r"Ctrl-C stops everything", 60)
+        assert "Ctrl-C stops everything" in output, output
+        yield output
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.parametrize("kind", sorted(PRINTED_COMMANDS))
+def test_each_printed_command_works_as_printed(sim_banner: str, kind: str,
+                                               tmp_path: Path) -> None:
+    match = PRINTED_COMMANDS[kind].search(sim_banner)
+    assert match, f"no {kind} command in:\n{sim_banner}"
+    if kind == "curl" and shutil.which("curl", path=FRESH_PATH) is None:
+        pytest.skip("curl is not installed: the printed curl command cannot run here")
+    result = subprocess.run(["/bin/sh", "-c", match.group(1)], capture_output=True, text=True,
+                            timeout=60, check=False, cwd=tmp_path,
+                            env={"PATH": FRESH_PATH, "HOME": str(tmp_path)})
+    assert result.returncode == 0, f"{match.group(1)}\n{result.stderr}"
+    if kind == "curl":
+        assert json.loads(result.stdout)["choices"][0]["message"]["content"], result.stdout
+    else:
+        assert result.stdout.strip(), result.stderr
+
+
+def test_up_serves_the_demo_key_and_ctrl_c_stops_every_child() -> None:
+    port = free_port()
+    proc = _start_up(port, "--workers", "2", "--pytorch-workers", "1")
     try:
         output = _read_until(proc, r"PyTorch worker\(s\) serve", 180)
         match = re.search(r"demo key: (sy-[0-9a-f]{16}-[A-Za-z0-9_-]{43})", output)
