@@ -39,11 +39,14 @@ end
 """
 
 ACQUIRE = _PRELUDE + """
--- KEYS: req, tok, leases. ARGV: rpm, tpm, max_concurrent, tokens, request_id, lease_ttl_ms,
--- concurrency_hint_ms. Returns "allowed refused_code retry_after_ms(-1: none)
+-- KEYS: req, tok, leases, gone. ARGV: rpm, tpm, max_concurrent, tokens, request_id,
+-- lease_ttl_ms, concurrency_hint_ms. Returns "allowed refused_code retry_after_ms(-1: none)
 -- remaining_requests reset_requests_ms remaining_tokens reset_tokens_ms num_leases".
+-- A request id in ``gone`` was given up by its gateway (its acquire timed out): an acquire
+-- that reaches Redis after that (queued while Redis was paused) charges and holds nothing.
 local rpm, tpm, conc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tokens, rid = tonumber(ARGV[4]), ARGV[5]
+if redis.call('ZSCORE', KEYS[4], rid) then return '0 5 -1 0 0 0 0 0' end
 local ttl, hint = tonumber(ARGV[6]) * 1000, tonumber(ARGV[7]) * 1000
 local EPS = 0.001
 local code, wait = 0, 0
@@ -101,6 +104,16 @@ end
 return released
 """
 
+CANCEL = _PRELUDE + """
+-- KEYS: leases, gone. ARGV: request_id, ttl_ms. An acquire whose answer never came: drop its
+-- lease if it ran, and mark its id gone for ttl_ms so that it charges nothing if it runs later.
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', num(now))
+redis.call('ZADD', KEYS[2], num(now + tonumber(ARGV[2]) * 1000), ARGV[1])
+expire_leases(KEYS[2])
+return 1
+"""
+
 RENEW = _PRELUDE + """
 -- KEYS: leases. ARGV: request_id, lease_ttl_ms. Extends a live lease; 1 if held, else 0.
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', num(now))
@@ -126,3 +139,4 @@ class LuaScript:
 ACQUIRE_SCRIPT = LuaScript(ACQUIRE)
 SETTLE_SCRIPT = LuaScript(SETTLE)
 RENEW_SCRIPT = LuaScript(RENEW)
+CANCEL_SCRIPT = LuaScript(CANCEL)

@@ -26,6 +26,8 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +37,13 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from admission.quota.local import LocalLimiter
-from admission.quota.lua import ACQUIRE_SCRIPT, RENEW_SCRIPT, SETTLE_SCRIPT, LuaScript
+from admission.quota.lua import (
+    ACQUIRE_SCRIPT,
+    CANCEL_SCRIPT,
+    RENEW_SCRIPT,
+    SETTLE_SCRIPT,
+    LuaScript,
+)
 from admission.quota.pipe import ScriptPipe
 from admission.quota.redis_batch import ScriptBatcher
 from admission.quota.redis_pipe import RespAddress, RespScriptPipe
@@ -59,6 +67,14 @@ def quota_keys(tenant_id: str) -> tuple[str, str, str]:
     """The tenant's request GCRA, token GCRA and lease set; one hash tag, so one cluster slot."""
     prefix = f"sy:quota:{{{tenant_id}}}"
     return f"{prefix}:req", f"{prefix}:tok", f"{prefix}:leases"
+
+
+def gone_key(tenant_id: str) -> str:
+    """The tenant's given-up request ids (acquires whose answer never came)."""
+    return f"sy:quota:{{{tenant_id}}}:gone"
+
+
+MAX_UNANSWERED = 100_000  # acquires waiting for Redis to come back to be cancelled
 
 
 def _settle_keys_args(tenant_id: str, limits: LimitsLike, reserved_tokens: int,
@@ -124,6 +140,8 @@ class QuotaStore:
         self.num_acquires = 0
         self.num_refused = 0
         self.num_fail_open = 0
+        self.num_cancelled = 0
+        self._unanswered: dict[str, str] = {}  # request id -> tenant id
         self.num_fail_closed = 0
         self.num_redis_errors = 0
         self.num_outages = 0
@@ -164,7 +182,13 @@ class QuotaStore:
         max_concurrent = normalize_limit(limits.max_concurrent)
         args = (rpm, tpm, max_concurrent, tokens, request_id, self._lease_ttl_ms,
                 self._concurrency_hint_ms)
-        reply = await self._call(ACQUIRE_SCRIPT, quota_keys(tenant_id), args)
+        was_sent = self._clock() >= self._skip_redis_until
+        reply = await self._call(ACQUIRE_SCRIPT, (*quota_keys(tenant_id), gone_key(tenant_id)),
+                                 args)
+        if reply is None and was_sent:
+            # It may still run (Redis paused, or its reply lost): cancelled once Redis answers
+            # again, so that it leaves no lease behind to lock the tenant out.
+            self._release_later(request_id, tenant_id)
         if reply is None:
             decision = self._fallback(tenant_id, limits, tokens=tokens, request_id=request_id)
         else:
@@ -200,6 +224,8 @@ class QuotaStore:
                                       now_s=self._clock())
         reply = await self._call(SETTLE_SCRIPT, *_settle_keys_args(
             tenant_id, limits, reserved_tokens, actual_tokens, request_id), deferrable=True)
+        if reply is None:
+            self._release_later(request_id, tenant_id)
         return bool(reply)
 
     def settle_soon(self, tenant_id: str, limits: LimitsLike, *, reserved_tokens: int,
@@ -213,25 +239,37 @@ class QuotaStore:
                                now_s=self._clock())
             return
         if self._clock() < self._skip_redis_until:
-            return  # Redis is down: the lease expires by its TTL
+            self._release_later(request_id, tenant_id)  # Redis is down: when it is back
+            return
         keys, args = _settle_keys_args(tenant_id, limits, reserved_tokens, actual_tokens,
                                        request_id)
         if self.settle_delay_s > 0:
             future = self._batcher.defer(SETTLE_SCRIPT, keys, args, self.settle_delay_s)
         else:
             future = self._batcher.call(SETTLE_SCRIPT, keys, args)
-        future.add_done_callback(self._on_settled)
+        future.add_done_callback(functools.partial(self._on_settled, request_id, tenant_id))
 
-    def _on_settled(self, future: asyncio.Future[Any]) -> None:
+    def _on_settled(self, request_id: str, tenant_id: str, future: asyncio.Future[Any]
+                    ) -> None:
         if future.cancelled():
+            self._release_later(request_id, tenant_id)
             return
         exc = future.exception()
         if exc is None:
             self._on_success()
         elif isinstance(exc, (RedisError, OSError, TimeoutError)):
+            self._release_later(request_id, tenant_id)
             self._on_error(exc)
         else:
             log.error("quota store: settle failed: %r", exc)
+
+    def _release_later(self, request_id: str, tenant_id: str) -> None:
+        """A lease whose release may not have reached Redis: released (CANCEL_SCRIPT) once
+        Redis answers again, instead of holding a slot until its TTL. Its token refund is
+        dropped (the charge stays as reserved) unless the settle itself ran."""
+        self._unanswered[request_id] = tenant_id
+        if len(self._unanswered) > MAX_UNANSWERED:
+            self._unanswered.pop(next(iter(self._unanswered)))
 
     async def aclose(self) -> None:
         """Send the deferred settles (waiting up to 1 s for them) and close the store's own
@@ -254,6 +292,8 @@ class QuotaStore:
         ``deferrable`` call rides with the next one sent, or leaves after ``settle_delay_s``."""
         if self._clock() < self._skip_redis_until:
             return None
+        if self._unanswered:  # answered before this call goes (their script may need loading)
+            await self._cancel_unanswered()
         batcher = self._batcher
         try:
             if batcher.bounds_calls:  # it answers every call within timeout_s itself
@@ -278,6 +318,28 @@ class QuotaStore:
             log.warning("quota store: Redis is back after %.1f s",
                         self._clock() - self._outage_started)
             self._outage_started = None
+
+    async def _cancel_unanswered(self) -> None:
+        """Cancel the acquires whose answer never came and release the leases whose settle
+        was lost (CANCEL_SCRIPT: drops the lease, and makes an acquire still to run charge
+        and hold nothing). Those that fail wait for the next call."""
+        unanswered, self._unanswered = self._unanswered, {}
+        self.num_cancelled += len(unanswered)
+        futures = []
+        for request_id, tenant_id in unanswered.items():
+            keys = (quota_keys(tenant_id)[2], gone_key(tenant_id))
+            future = self._batcher.call(CANCEL_SCRIPT, keys, (request_id, self._lease_ttl_ms))
+            future.add_done_callback(functools.partial(self._on_cancelled, request_id,
+                                                       tenant_id))
+            futures.append(future)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._timeout_s):
+                await asyncio.wait(futures)
+
+    def _on_cancelled(self, request_id: str, tenant_id: str, future: asyncio.Future[Any]
+                      ) -> None:
+        if future.cancelled() or future.exception() is not None:
+            self._unanswered[request_id] = tenant_id  # again at the next success
 
     def _on_error(self, exc: BaseException) -> None:
         self.num_redis_errors += 1

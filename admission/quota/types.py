@@ -19,10 +19,10 @@ from typing import Literal, Protocol
 WINDOW_MS = 60_000
 """Every rate here is "per minute": a limit N refills at N per 60 s, with a burst of N."""
 
-RefusedBy = Literal["requests", "tokens", "concurrency", "too_large", "unavailable"]
+RefusedBy = Literal["requests", "tokens", "concurrency", "too_large", "unavailable", "given_up"]
 
 REFUSED_BY_CODE: dict[int, RefusedBy | None] = {
-    0: None, 1: "requests", 2: "tokens", 3: "concurrency", 4: "too_large",
+    0: None, 1: "requests", 2: "tokens", 3: "concurrency", 4: "too_large", 5: "given_up",
 }
 """The Lua scripts return a small integer for the refusing limit; this maps it back."""
 
