@@ -179,8 +179,14 @@ async def _read_json_body(request: web.Request, gw: Gateway) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    timeout_s = gw.settings.listen.body_timeout_s
     try:
-        return await request.read()  # aiohttp inflates gzip and deflate bodies as it reads
+        async with asyncio.timeout(timeout_s):
+            return await request.read()  # aiohttp inflates gzip and deflate bodies as it reads
+    except TimeoutError:
+        raise APIError(408, f"The request body did not arrive within {timeout_s:g} s; send it "
+                       "at once, complete.", type="invalid_request_error",
+                       code="request_timeout") from None
     except web.RequestPayloadError as exc:
         if isinstance(exc.__cause__, ContentEncodingError):
             raise APIError.bad_request(

@@ -66,9 +66,68 @@ class _JsonErrorRequestHandler(RequestHandler):
         return response
 
 
+    # -- slow clients: a request head must arrive within header_timeout_s ------------------
+    header_timeout_s = 30.0  # set per server (``_JsonErrorServer``)
+    _head_timer: asyncio.TimerHandle | None = None
+    _head_count = 0
+    _head_started = False  # bytes of a head that has not arrived whole
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm_head_timer()  # a connection that sends nothing at all is timed too
+
+    def data_received(self, data: bytes) -> None:
+        count = self._request_count
+        super().data_received(data)
+        if self._request_count != count:  # a head arrived: its body has its own timeout
+            self._head_started = False
+            self._disarm_head_timer()
+        elif data and not self._task_handler_busy():
+            self._head_started = True
+            if self._head_timer is None:
+                self._arm_head_timer()  # the first bytes of a next head, on a kept-alive one
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def _task_handler_busy(self) -> bool:
+        return bool(self._messages) or self._current_request is not None
+
+    def _arm_head_timer(self) -> None:
+        self._head_count = self._request_count
+        self._head_timer = asyncio.get_running_loop().call_later(
+            self.header_timeout_s, self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._request_count != self._head_count or self._task_handler_busy():
+            return
+        if self.transport is not None and not self.transport.is_closing():
+            if self._head_started:  # a head begun and never finished: say so
+                body = error_body(
+                    f"The request head did not arrive within {self.header_timeout_s:g} s; "
+                    "send it at once.", "invalid_request_error", "request_timeout")
+                self.transport.write(
+                    b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+                    b"Connection: close\r\nContent-Length: " + str(len(body)).encode()
+                    + b"\r\n\r\n" + body)
+            self.force_close()
+            self.transport.close()
+
+
 class _JsonErrorServer(Server):
+    header_timeout_s = 30.0
+
     def __call__(self) -> RequestHandler:
-        return _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
+        handler = _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
+        handler.header_timeout_s = self.header_timeout_s
+        return handler
 
 
 async def run_until_signalled(settings: Settings, *, ready_line: bool = True,
@@ -82,10 +141,12 @@ async def run_until_signalled(settings: Settings, *, ready_line: bool = True,
         # still writing their last bytes are left.
         shutdown_timeout=FINAL_WRITE_S,
         handle_signals=False,
+        keepalive_timeout=settings.listen.keepalive_timeout_s,
     )
     await runner.setup()
     if runner.server is not None and type(runner.server) is Server:
         runner.server.__class__ = _JsonErrorServer
+        runner.server.header_timeout_s = settings.listen.header_timeout_s  # type: ignore[attr-defined]
     sock = _listen_socket(settings.listen.host, settings.listen.port)
     site = web.SockSite(runner, sock)
     await site.start()

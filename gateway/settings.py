@@ -36,6 +36,12 @@ class _Strict(BaseModel):
 class ListenSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    header_timeout_s: float = Field(
+        30.0, gt=0, description="a request's head must arrive within this (slow clients)")
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="a request's body must arrive within this once its head has")
+    keepalive_timeout_s: float = Field(
+        75.0, gt=0, description="an idle keep-alive connection is closed after this")
 
 
 class BackendProfileSettings(_Strict):
