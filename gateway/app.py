@@ -177,7 +177,8 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             settings=settings, registry=registry, metrics=metrics, redis=redis, store=state.store,
             auth=state.auth, upstream=upstream, router=router, quotas=quotas, slo=slo,
             request_log=RequestLog(log_settings.mode, log_settings.sample_rate,
-                                   log_settings.path),
+                                   log_settings.path, include_prompt=log_settings.include_prompt,
+                                   prompt_max_chars=log_settings.prompt_max_chars),
             usage=(usage := UsageBook(redis, settings.usage)),
         )
         metrics.add_source(lambda: _usage_metrics(usage))

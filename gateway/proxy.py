@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import orjson
@@ -62,6 +63,7 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
     started = time.perf_counter()
     trace = request.app[TELEMETRY].start(request, route, started)
     model = ""
+    parsed_body: dict[str, Any] | None = None
     status = 500
     error: str | None = None
     principal: Principal | None = None
@@ -78,6 +80,7 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
         trace.waited("auth", started)
         raw = await _read_json_body(request, gw)
         parsed = parse_completion_body(raw, route=route)
+        parsed_body = parsed.body
         model = parsed.model
         if not gw.registry.serves(model):
             raise APIError.not_found(
@@ -141,10 +144,13 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
             _charge(gw, principal, model, trace.tail, plan.request.num_prompt_tokens,
                     ticket.num_output_tokens)
         if gw.request_log.wants(status):
-            gw.request_log.write(request_record(
+            record = request_record(
                 request[REQUEST_ID], trace, started, status, error, served,
                 principal, plan.request.num_prompt_tokens if plan is not None else None,
-                ticket.num_output_tokens if ticket is not None else None))
+                ticket.num_output_tokens if ticket is not None else None)
+            if gw.request_log.include_prompt:
+                record["prompt"] = gw.request_log.prompt_of(parsed_body)
+            gw.request_log.write(record)
 
 
 def _charge(gw: Gateway, principal: Principal, model: str, tail: bytes,

@@ -147,7 +147,7 @@ class Router:
 
     # -- the request ----------------------------------------------------------------------
     def describe(self, model: str, body: dict[str, Any], tenant_id: str | None) -> RoutePlan:
-        text = _prompt_text(body)
+        text = prompt_text(body)
         char_hashes = tuple(char_block_hashes(
             text[:self.block_chars * MAX_PREFIX_BLOCKS], self.block_chars, model))
         block_hashes: tuple[int, ...] = ()
@@ -394,7 +394,8 @@ def _with_free_slots(snapshot: FleetSnapshot) -> FleetSnapshot:
     return replace(snapshot, backends=roomy, positions=None)
 
 
-def _prompt_text(body: dict[str, Any]) -> str:
+def prompt_text(body: dict[str, Any]) -> str:
+    """The text of a request's prompt: its messages (role and content) or its prompt."""
     messages = body.get("messages")
     if isinstance(messages, list):
         parts = []

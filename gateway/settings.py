@@ -200,6 +200,10 @@ class RequestLogSettings(_Strict):
         "successes, every failure) or all")
     sample_rate: float = Field(0.01, ge=0, le=1)
     path: str | None = Field(None, description="append to this file (mode 0600); default stdout")
+    include_prompt: bool = Field(
+        False, description="also write the prompt's text (its first prompt_max_chars): off "
+        "by default, since prompts may hold what tenants would not have logged")
+    prompt_max_chars: int = Field(2000, ge=1, le=1_000_000)
 
 
 class PriceSettings(_Strict):

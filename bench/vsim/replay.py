@@ -24,7 +24,7 @@ from backends.tokenizer import get_tokenizer
 from bench.run.spec import TenantSpec
 from bench.run.workloads import WORKLOADS, WorkloadOptions
 from bench.vsim.workloads import VRequest
-from gateway.router import _prompt_text  # the text the gateway's approximate index hashes
+from gateway.router import prompt_text  # the text the gateway's approximate index hashes
 
 
 class LiveReplay:
@@ -69,5 +69,5 @@ def replay_requests(records: Sequence[Mapping[str, Any]], options: WorkloadOptio
             raise ValueError(f"request {record['index']}: {len(ids)} prompt tokens here, "
                              f"{reported} in the live run")
         requests.append(VRequest(position, ids, spec.max_tokens, spec.group or 0,
-                                 text=_prompt_text({"messages": list(spec.messages)})))
+                                 text=prompt_text({"messages": list(spec.messages)})))
     return requests, [float(r["sent_at_s"]) for r in ordered]

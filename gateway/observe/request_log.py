@@ -4,7 +4,8 @@ Off by default (``request_log.mode``); ``sampled`` writes a ``sample_rate`` shar
 successful requests and every failed one, ``all`` every request; to stdout or to ``path``
 (appended, mode 0600). A line holds ids, never secrets or text: the request id, tenant, key id
 (never the key), model, tier, backend, status, error code, prompt / cached / output tokens,
-TTFT, total time and the wait that took longest. Example line::
+TTFT, total time and the wait that took longest; the prompt's text only with
+``include_prompt``. Example line::
 
     {"ts":"2026-12-03T08:50:01.123Z","request_id":"req-…","tenant":"acme","key_id":"k-…",
      "model":"m","tier":"standard","route":"chat","stream":true,"backend":"sim-0",
@@ -22,7 +23,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from gateway.router import reported_cache_usage
+from gateway.router import prompt_text, reported_cache_usage
 
 if TYPE_CHECKING:  # the gateway's context holds a RequestLog: no import cycle at run time
     from gateway.auth import Principal
@@ -57,9 +58,12 @@ def request_record(request_id: str, trace: RequestTrace, started_s: float, statu
 
 class RequestLog:
     def __init__(self, mode: Mode = "off", sample_rate: float = 0.01, path: str | None = None,
-                 *, rng: random.Random | None = None) -> None:
+                 *, rng: random.Random | None = None, include_prompt: bool = False,
+                 prompt_max_chars: int = 2000) -> None:
         self.mode = mode
         self.sample_rate = sample_rate
+        self.include_prompt = include_prompt
+        self.prompt_max_chars = prompt_max_chars
         self._rng = rng or random.Random()
         self._out: IO[bytes] | None = None
         if mode != "off":
@@ -79,6 +83,12 @@ class RequestLog:
         if self._out is None:
             return False
         return self.mode == "all" or status >= 400 or self._rng.random() < self.sample_rate
+
+    def prompt_of(self, body: dict[str, Any] | None) -> str | None:
+        """The prompt's text for the line, when ``include_prompt`` is on."""
+        if not self.include_prompt or body is None:
+            return None
+        return prompt_text(body)[:self.prompt_max_chars]
 
     def write(self, record: dict[str, Any]) -> None:
         if self._out is None:

@@ -65,3 +65,18 @@ def test_sampled_mode_keeps_every_failure(procs: ProcessGroup, workdir: Path, re
     assert wait_until(lambda: len(lines(path)) >= 1, timeout_s=5)
     assert [(line["request_id"], line["error"]) for line in lines(path)] == [
         ("bad", "invalid_value")]
+
+
+def test_prompt_text_only_when_enabled_and_cut_to_its_length(
+        procs: ProcessGroup, workdir: Path, redis_url: str, engines: list[Engine],
+        tmp_path: Path) -> None:
+    path = tmp_path / "with-prompts.jsonl"
+    gateway = Gateway(procs, workdir, redis_url, [engines[0].backend_config()],
+                      request_log={"mode": "all", "path": str(path), "include_prompt": True,
+                                   "prompt_max_chars": 12})
+    key = gateway.new_key()
+    assert post(gateway, key, request_id="with-text").status_code == 200
+    assert wait_until(lambda: len(lines(path)) == 1, timeout_s=5)
+    line = lines(path)[0]
+    assert line["prompt"] == "user\nhello t"  # role and content, cut to 12 characters
+    assert key not in path.read_text()
