@@ -115,6 +115,9 @@ def test_a_faulty_worker_fails_no_request_and_is_ejected(
     assert faulty.num_requests - before <= 6
     metrics = httpx.get(gateway.url + "/metrics", timeout=5).text
     assert 'switchyard_backend_ejections_total{backend="faulty"}' in metrics
+    state = {"closed": 0, "open": 1, "half_open": 2}[_breaker(gateway)["state"]]
+    assert f'switchyard_backend_breaker_state{{backend="faulty"}} {state:.1f}' in metrics
+    assert 'switchyard_backend_breaker_state{backend="good"} 0.0' in metrics
     gateway.terminate()
 
 

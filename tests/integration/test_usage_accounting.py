@@ -108,6 +108,12 @@ def test_two_replicas_charge_exactly_what_the_engine_reported(replicas: list[Gat
                for text in scraped) == output
     assert sum(_metric(text, "switchyard_tenant_cost_total", currency="USD", **labels)
                for text in scraped) == pytest.approx(expected_cost)
+    for text in scraped:  # every charge is in Redis, none failed or was dropped
+        lines = dict(line.rsplit(" ", 1) for line in text.splitlines()
+                     if line.startswith("switchyard_usage_"))
+        assert float(lines["switchyard_usage_unsent_fields"]) == 0
+        assert float(lines["switchyard_usage_flush_failures_total"]) == 0
+        assert float(lines["switchyard_usage_dropped_fields_total"]) == 0
 
 
 def test_switchyard_usage_prints_the_table_and_the_json(replicas: list[Gateway]) -> None:
