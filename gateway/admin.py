@@ -29,7 +29,7 @@ from pydantic_core import PydanticCustomError
 
 from backends.fleet.registry import Backend
 from gateway.context import GATEWAY, Gateway
-from gateway.errors import APIError
+from gateway.errors import APIError, unreadable_body
 from gateway.tenancy import (
     ALL_MODELS,
     TENANT_ID_RE,
@@ -113,7 +113,12 @@ def _admin(request: web.Request) -> Gateway:
 
 async def _body(request: web.Request, model: type[_Body]) -> Any:
     try:
-        return model.model_validate_json(await request.read())
+        raw = await request.read()
+    except web.RequestPayloadError as exc:
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        raise unreadable_body(exc, encoding) from None
+    try:
+        return model.model_validate_json(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or None
@@ -334,6 +339,7 @@ async def get_fleet(request: web.Request) -> web.Response:
 
 
 USAGE_GROUPS = ("key", "model", "tenant")
+MAX_INSTANT_S = 253_402_297_200  # 9999-12-31T23:00:00Z: the last hour whose end is a date
 
 
 def _instant(request: web.Request, name: str, default_s: float) -> float:
@@ -353,10 +359,10 @@ def _instant(request: web.Request, name: str, default_s: float) -> float:
                 "time; send e.g. 1764756000 or 2026-12-03T10:00:00Z.", param=name) from None
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=UTC)
-        return moment.timestamp()
-    if not math.isfinite(value) or not 0 <= value < 1e11:
+        value = moment.timestamp()
+    if not math.isfinite(value) or not 0 <= value < MAX_INSTANT_S:
         raise APIError.bad_request(
-            f"Invalid {name!r}: {text[:64]!r} is not a time since 1970 in seconds.", param=name)
+            f"Invalid {name!r}: {text[:64]!r} is not between 1970 and 9999.", param=name)
     return value
 
 

@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractMatchInfo
+from aiohttp.web_urldispatcher import MatchInfoError
 from redis.exceptions import RedisError
 
 from admission.fair_queue import FairQueueConfig
@@ -28,7 +30,7 @@ from backends.fleet.profiles import stated_facts
 from backends.fleet.registry import Backend, BackendRegistry
 from backends.fleet.sync import FleetSync
 from backends.fleet.upstream import UpstreamClient
-from gateway import admin, handlers, proxy
+from gateway import admin, handlers, openapi, proxy
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, from_http_exception
 from gateway.observe.metrics import GatewayMetrics, counter_family, gauge_family
@@ -111,12 +113,24 @@ def setup_routes(app: web.Application) -> None:
         ("GET", "/healthz", handlers.healthz),
         ("GET", "/readyz", handlers.readyz),
         ("GET", "/metrics", handlers.metrics),
+        ("GET", "/openapi.json", openapi.serve_document),
         ("GET", "/admin/waits", admin_waits),
     ]
     routes += [(r.method, r.path, r.handler) for r in admin.routes
                if isinstance(r, web.RouteDef)]
     for method, path, handler in routes:
         app.router.add_route(method, path, handler, expect_handler=_expect)
+    # A path no route matches, or a method its route does not take, is answered by a route
+    # aiohttp makes per request, with its own plain-text 417 for an unusual Expect: ours too.
+    resolve = app.router.resolve
+
+    async def resolve_with_expect(request: web.Request) -> AbstractMatchInfo:
+        match_info = await resolve(request)
+        if isinstance(match_info, MatchInfoError):
+            match_info.route._expect_handler = _expect
+        return match_info
+
+    app.router.resolve = resolve_with_expect  # type: ignore[method-assign,assignment]
 
 
 async def _expect(request: web.Request) -> web.StreamResponse | None:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
 
 JSON_CONTENT_TYPE = "application/json"
 
@@ -40,13 +41,19 @@ class APIError(Exception):
     def body(self) -> bytes:
         return error_body(self.message, self.type, self.code, self.param)
 
+    # Set when the request's body cannot be read to its end (the connection cannot be reused).
+    closes_connection = False
+
     def to_response(self) -> web.Response:
-        return web.Response(
+        response = web.Response(
             status=self.status,
             body=self.body(),
             content_type=JSON_CONTENT_TYPE,
             headers=self.headers,
         )
+        if self.closes_connection:
+            response.force_close()
+        return response
 
     # -- constructors, one per status the gateway produces -------------------------------
     @classmethod
@@ -124,3 +131,17 @@ def from_http_exception(exc: web.HTTPException, path: str, max_body_bytes: int) 
     headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
     error_type = "invalid_request_error" if status < 500 else "server_error"
     return APIError(status, message, type=error_type, code=code, headers=headers)
+
+
+def unreadable_body(exc: web.RequestPayloadError, encoding: str) -> APIError:
+    """The 400 for a body aiohttp could not read; the rest of it is unread, so the
+    connection closes after the answer."""
+    if isinstance(exc.__cause__, ContentEncodingError):
+        error = APIError.bad_request(
+            f"The body is not {encoding}-compressed, though 'Content-Encoding: {encoding}' "
+            "says it is: compress it, or drop the header.", code="invalid_content_encoding")
+    else:
+        error = APIError.bad_request(f"The request body could not be read ({exc}); send it "
+                                     "again, complete.", code="invalid_body")
+    error.closes_connection = True
+    return error

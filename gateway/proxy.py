@@ -18,7 +18,6 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
-from aiohttp.http_exceptions import ContentEncodingError
 
 from admission.tiers import TIER_HEADER
 from admission.waiting_room import AdmissionRefused, Admitted
@@ -36,7 +35,7 @@ from gateway.admit import (
 )
 from gateway.auth import Principal
 from gateway.context import CLIENT_LEFT, GATEWAY, REQUEST_ID, Gateway
-from gateway.errors import APIError, error_body
+from gateway.errors import APIError, error_body, unreadable_body
 from gateway.observe.request_log import request_record
 from gateway.observe.telemetry import REQUEST_TRACE, TELEMETRY
 from gateway.router import RoutePlan, reported_cache_usage, reported_usage
@@ -194,13 +193,7 @@ async def _read_json_body(request: web.Request, gw: Gateway) -> bytes:
                        "at once, complete.", type="invalid_request_error",
                        code="request_timeout") from None
     except web.RequestPayloadError as exc:
-        if isinstance(exc.__cause__, ContentEncodingError):
-            raise APIError.bad_request(
-                f"The body is not {encoding}-compressed, though 'Content-Encoding: {encoding}' "
-                "says it is: compress it, or drop the header.", code="invalid_content_encoding",
-            ) from None
-        raise APIError.bad_request(f"The request body could not be read ({exc}); send it "
-                                   "again, complete.", code="invalid_body") from None
+        raise unreadable_body(exc, encoding) from None
 
 
 async def _forward(
