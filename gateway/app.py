@@ -33,6 +33,7 @@ from backends.fleet.upstream import UpstreamClient
 from gateway import admin, handlers, openapi, proxy
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, from_http_exception
+from gateway.observe.memory import HeapTrimmer
 from gateway.observe.metrics import GatewayMetrics, counter_family, gauge_family
 from gateway.observe.request_log import RequestLog
 from gateway.observe.telemetry import admin_waits, setup_telemetry
@@ -205,6 +206,7 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             asyncio.create_task(slo.run_dispatcher(), name="admission-dispatcher"),
             asyncio.create_task(checker.run(), name="health-checks"),
             asyncio.create_task(usage.run(), name="usage-flush"),
+            asyncio.create_task(HeapTrimmer().run(), name="heap-trim"),
         ]
         if redis is not None:  # in memory there is one replica: nothing to share or hear
             tasks.append(asyncio.create_task(state.auth.listen_for_invalidations(),
@@ -249,7 +251,14 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
 def _prefix_cache_metrics(registry: BackendRegistry, router: Router) -> Iterator[object]:
     """Per backend: prompt tokens of responses that reported their cache use, the cached
     tokens routing expected there and those the engine reported, and the approximate index's
-    claim lifetime (shortened by reported misses)."""
+    claim lifetime (shortened by reported misses). And the router's per-prompt caches, each
+    against its bound."""
+    yield gauge_family("switchyard_router_segment_cache_bytes",
+                       "Bytes of token ids the router's segment cache holds (bounded).",
+                       None, float(router.segment_cache_bytes))
+    yield gauge_family("switchyard_router_approx_index_blocks",
+                       "Prefix blocks the approximate index holds (bounded by max_entries).",
+                       None, float(len(router.approx_index)))
     backends = registry.backends
     for name, help_text, attribute in (
             ("switchyard_backend_reported_prompt_tokens",

@@ -107,6 +107,10 @@ class _SegmentCache:
 
 
 class Router:
+    @property
+    def segment_cache_bytes(self) -> int:
+        return self._segments.num_bytes
+
     def __init__(
         self,
         registry: BackendRegistry,
