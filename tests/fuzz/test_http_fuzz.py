@@ -145,4 +145,4 @@ def test_generated_requests_get_no_gateway_5xx_and_only_openai_errors(fleet: Fle
     answered = [r for r in completions if r and r.status == 200]
     streamed = [r for r in answered if r.headers["content-type"].startswith("text/event-stream")]
     assert len(answered) > len(completions) // 8
-    assert len(streamed) > len(completions) // 100
+    assert len(streamed) >= 20  # and streams among them
