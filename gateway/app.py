@@ -348,11 +348,12 @@ def make_router(
         registry,
         scheduling_profile(settings),
         ExactPrefixIndex(block_size=settings.block_size),
-        ApproxPrefixIndex(ttl_s=settings.approx_ttl_s,
+        ApproxPrefixIndex(ttl_s=settings.approx_ttl_s, max_entries=settings.approx_max_blocks,
                           block_tokens=max(1, settings.block_chars // 4)),
         {model: get_tokenizer(kind) for model, kind in settings.tokenizers.items()},
         block_chars=settings.block_chars,
         block_size=settings.block_size,
         max_age_s=settings.max_load_age_s,
         default_output_tokens=default_output_tokens,
+        segment_cache_bytes=int(settings.segment_cache_mib * 1024 * 1024),
     )

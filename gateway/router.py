@@ -23,12 +23,12 @@ from __future__ import annotations
 import logging
 import random
 import re
-import sys
 import time
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from hashlib import blake2b
 from math import inf
 from typing import Any
 
@@ -77,33 +77,41 @@ MAX_TOKENIZED_CHARS = 512 * 1024
 
 
 class _SegmentCache:
-    """Token ids of rendered chat segments, LRU-bounded by the bytes they hold."""
+    """Token ids of rendered chat segments, LRU-bounded by the bytes they hold.
 
-    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
-        self._entries: OrderedDict[str, array[int]] = OrderedDict()
+    Keyed by a 128-bit BLAKE2b digest of the segment, not by its text: the cache keeps 4 bytes
+    per token and ~200 per entry, not the text too (~4 more per token), and a request's text
+    is freed with the request instead of living on in the cache's LRU order, which fragments
+    the heap under unique prompts (bench/soak). A digest collision would need ~2^64 entries.
+    """
+
+    ENTRY_BYTES = 200  # the OrderedDict node, the digest and the array header
+
+    def __init__(self, max_bytes: int = 16 * 1024 * 1024) -> None:
+        self._entries: OrderedDict[bytes, array[int]] = OrderedDict()
         self._num_bytes = 0
         self._max_bytes = max_bytes
 
-    @staticmethod
-    def _cost(segment: str, ids: array[int]) -> int:
-        return sys.getsizeof(segment) + ids.itemsize * len(ids) + 160  # + entry and array
-
     def encode(self, tokenizer: Tokenizer, segment: str) -> array[int]:
-        ids = self._entries.get(segment)
+        key = blake2b(segment.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        ids = self._entries.get(key)
         if ids is not None:
-            self._entries.move_to_end(segment)
+            self._entries.move_to_end(key)
             return ids
         ids = array("I", tokenizer.encode(segment))
-        self._entries[segment] = ids
-        self._num_bytes += self._cost(segment, ids)
+        self._entries[key] = ids
+        self._num_bytes += self.ENTRY_BYTES + ids.itemsize * len(ids)
         while self._num_bytes > self._max_bytes and self._entries:
-            dropped_segment, dropped = self._entries.popitem(last=False)
-            self._num_bytes -= self._cost(dropped_segment, dropped)
+            _, dropped = self._entries.popitem(last=False)
+            self._num_bytes -= self.ENTRY_BYTES + dropped.itemsize * len(dropped)
         return ids
 
     @property
     def num_bytes(self) -> int:
         return self._num_bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 class Router:
@@ -126,6 +134,7 @@ class Router:
         default_output_tokens: int = 256,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        segment_cache_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         """``clock``: the monotonic time of load figures and in-flight books; ``wall_clock``:
         the time of the approximate index's claims, shared with other replicas through Redis
@@ -142,7 +151,7 @@ class Router:
         self.max_age_s = max_age_s
         self.default_output_tokens = default_output_tokens
         self._rng = random.Random(seed)
-        self._segments = _SegmentCache()
+        self._segments = _SegmentCache(segment_cache_bytes)
         self._reference_now_s = -1.0
         self._positions_by_model: dict[str, tuple[int, dict[str, int]]] = {}
         self._broken_warned_s: dict[str, float] = {}

@@ -180,6 +180,13 @@ class RoutingSettings(_Strict):
     block_chars: int = Field(64, ge=8, le=4096)
     block_size: int = Field(16, ge=1, le=1024)
     approx_ttl_s: float = Field(600.0, gt=0)
+    approx_max_blocks: int = Field(
+        1 << 18, ge=1024, le=1 << 26,
+        description="blocks the approximate prefix index keeps (LRU; ~300 bytes each)")
+    segment_cache_mib: float = Field(
+        16.0, ge=0.0, le=4096.0,
+        description="MiB of token ids of chat segments kept, so a repeated system prompt or "
+                    "an earlier turn is not tokenized again (LRU; 0 turns it off)")
     max_load_age_s: float = Field(5.0, gt=0)
     discover_workers: bool = True
     expose_backend_header: bool = True

@@ -6,6 +6,8 @@ Arrivals are evenly spaced at ``rate_per_s``; at most ``max_in_flight`` requests
 sockets, and the achieved rate says so). RSS is sampled from t = 0 to t = ``duration_s``
 whether or not requests are still being sent. ``checkpoints_s`` call ``on_checkpoint(label)``
 (in a thread) at those times, e.g. to have a traced gateway take a tracemalloc snapshot.
+With ``metrics_url``, each sample also reads the gateway's cache gauges (``CACHE_GAUGES``), so
+the run shows when its per-prompt caches reached their bounds.
 Example::
 
     plan = DrivePlan(rate_per_s=50, duration_s=600)
@@ -32,6 +34,10 @@ from bench.soak.rss import rss_kib
 Bodies = Callable[[int], tuple[bytes, bool]]
 _TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 _NUMBER = re.compile(rb"\d+(\.\d+)?")
+# The gateway's per-prompt caches, as its /metrics reports them (gateway/app.py).
+CACHE_GAUGES = ("switchyard_router_segment_cache_bytes", "switchyard_router_approx_index_blocks")
+_GAUGE_LINE = re.compile(rb"^(" + b"|".join(g.encode() for g in CACHE_GAUGES)
+                         + rb")(?:\{[^}]*\})? ([0-9.eE+-]+)$", re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +68,7 @@ class Sample:
     num_ok: int
     num_failed: int
     num_in_flight: int
+    gauges: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -91,7 +98,8 @@ class DriveResult:
             "checkpoints": self.checkpoints,
             "samples": [{"t_s": round(s.t_s, 2), "rss_kib": s.rss_kib, "num_sent": s.num_sent,
                          "num_ok": s.num_ok, "num_failed": s.num_failed,
-                         "num_in_flight": s.num_in_flight} for s in self.samples],
+                         "num_in_flight": s.num_in_flight, "gauges": s.gauges}
+                        for s in self.samples],
         }
 
 
@@ -119,19 +127,34 @@ async def _send(session: aiohttp.ClientSession, url: str, headers: dict[str, str
     result.latencies_ms.append((time.perf_counter() - sent) * 1000)
 
 
+async def cache_gauges(session: aiohttp.ClientSession, metrics_url: str) -> dict[str, float]:
+    """``CACHE_GAUGES`` from one scrape (summed over labels); {} when the scrape fails."""
+    try:
+        async with session.get(metrics_url) as resp:
+            text = await resp.read() if resp.status == 200 else b""
+    except _TRANSPORT_ERRORS:
+        return {}
+    gauges: dict[str, float] = {}
+    for name, value in _GAUGE_LINE.findall(text):
+        gauges[name.decode()] = gauges.get(name.decode(), 0.0) + float(value)
+    return gauges
+
+
 async def _sample_until(end_s: float, started: float, plan: DrivePlan, watch: dict[str, int],
-                        result: DriveResult, in_flight: set[asyncio.Task[None]]) -> None:
+                        result: DriveResult, in_flight: set[asyncio.Task[None]],
+                        session: aiohttp.ClientSession, metrics_url: str | None) -> None:
     index = 0
     while True:
         due = started + index * plan.sample_every_s
         if due > started + end_s + 1e-9:
             break
         await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        t_s = time.perf_counter() - started
+        rss = {name: rss_kib(pid) for name, pid in watch.items()}
+        gauges = await cache_gauges(session, metrics_url) if metrics_url else {}
         result.samples.append(Sample(
-            t_s=time.perf_counter() - started,
-            rss_kib={name: rss_kib(pid) for name, pid in watch.items()},
-            num_sent=result.num_sent, num_ok=result.num_ok, num_failed=result.num_failed,
-            num_in_flight=len(in_flight)))
+            t_s=t_s, rss_kib=rss, num_sent=result.num_sent, num_ok=result.num_ok,
+            num_failed=result.num_failed, num_in_flight=len(in_flight), gauges=gauges))
         index += 1
 
 
@@ -144,7 +167,8 @@ async def _checkpoints(started: float, plan: DrivePlan, result: DriveResult,
 
 async def drive(url: str, api_key: str, bodies: Bodies, plan: DrivePlan,
                 watch: dict[str, int],
-                on_checkpoint: Callable[[str], Any] | None = None) -> DriveResult:
+                on_checkpoint: Callable[[str], Any] | None = None,
+                metrics_url: str | None = None) -> DriveResult:
     """Send ``plan.num_requests`` bodies (or as many as fit in ``plan.duration_s``) to ``url``
     and sample ``watch``'s RSS; waits up to ``plan.drain_s`` for the last answers."""
     result = DriveResult()
@@ -157,7 +181,8 @@ async def drive(url: str, api_key: str, bodies: Bodies, plan: DrivePlan,
                                      skip_auto_headers=("User-Agent",)) as session:
         started = time.perf_counter()
         sampler = asyncio.create_task(
-            _sample_until(plan.duration_s, started, plan, watch, result, in_flight))
+            _sample_until(plan.duration_s, started, plan, watch, result, in_flight, session,
+                          metrics_url))
         marks = asyncio.create_task(_checkpoints(started, plan, result, on_checkpoint)) \
             if on_checkpoint and plan.checkpoints_s else None
 

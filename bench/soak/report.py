@@ -16,8 +16,9 @@ from typing import Any
 
 import orjson
 
-from bench.soak.drive import DriveResult
+from bench.soak.drive import CACHE_GAUGES, DriveResult
 from bench.soak.rss import rss_figures
+from gateway.settings import RoutingSettings
 
 TARGET_GROWTH_PCT = 10.0
 _COLUMNS = ("run", "RSS @warm-up MiB", "RSS @end MiB", "growth", "slope 2nd half MiB/min",
@@ -33,8 +34,31 @@ def run_figures(result: DriveResult, warmup_s: float, duration_s: float) -> dict
     growth = gateway.get("growth_pct", math.nan)
     if gateway and gateway["end_t_s"] <= gateway["warm_t_s"]:
         growth = math.nan  # a run no longer than its warm-up measures no growth
-    return {"rss": rss, "growth_pct": growth,
+    return {"rss": rss, "growth_pct": growth, "caches": cache_fill(result, warmup_s),
             "is_met": None if math.isnan(growth) else bool(growth < TARGET_GROWTH_PCT)}
+
+
+def cache_bounds() -> dict[str, float]:
+    """The bound of each ``CACHE_GAUGES`` cache under the default settings (the soak's)."""
+    routing = RoutingSettings()
+    return {CACHE_GAUGES[0]: routing.segment_cache_mib * 1024 * 1024,
+            CACHE_GAUGES[1]: float(routing.approx_max_blocks)}
+
+
+def cache_fill(result: DriveResult, warmup_s: float) -> dict[str, dict[str, float | None]]:
+    """Per cache gauge: its bound, its value at the warm-up and at most, and when it first
+    reached 95 % of its bound (s, None if never): were the caches full before the growth is
+    measured?"""
+    fill: dict[str, dict[str, float | None]] = {}
+    for name, bound in cache_bounds().items():
+        series = [(s.t_s, s.gauges[name]) for s in result.samples if name in s.gauges]
+        if not series:
+            continue
+        at_warmup = next((v for t, v in series if t >= warmup_s), series[-1][1])
+        full_t = next((t for t, v in series if v >= 0.95 * bound), None)
+        fill[name] = {"bound": bound, "at_warmup": at_warmup,
+                      "max": max(v for _, v in series), "full_t_s": full_t}
+    return fill
 
 
 def _fmt(value: float | None, spec: str = ".1f") -> str:
@@ -73,6 +97,12 @@ def summary_text(document: dict[str, Any]) -> str:
                      f"{_fmt(run['drive']['latency_p50_ms'])} / "
                      f"{_fmt(run['drive']['latency_p99_ms'])} ms"
                      + (f"; failures {failures}" if failures else ""))
+        for name, fill in run["figures"].get("caches", {}).items():
+            full_t = fill["full_t_s"]
+            lines.append(f"    {name}: {_fmt(fill['at_warmup'], ',.0f')} at the warm-up, "
+                         f"at most {_fmt(fill['max'], ',.0f')} of {_fmt(fill['bound'], ',.0f')}"
+                         ", 95 % of the bound " + ("never reached" if full_t is None
+                                                   else f"from {full_t:.0f} s"))
         for label_at, heap in run.get("heap", {}).items():
             lines.append(f"    heap at {label_at}: " + ", ".join(
                 f"{name.removesuffix('_mib')} {value:.1f}" for name, value in heap.items())

@@ -60,8 +60,12 @@ def test_figures_are_present_and_sane(document: dict[str, object], profile: str)
         assert 0.0 <= figures["ideal_cached_fraction"] <= 1.0
         p50, p99 = figures["ttft_ms"]["p50"], figures["ttft_ms"]["p99"]
         assert 0.0 < p50 <= p99 and math.isfinite(p99)
-    # the path latency only ever delays a first token
-    assert run["vsim"]["ttft_ms"]["p50"] >= run["vsim_no_path"]["ttft_ms"]["p50"]
+    if profile == "round_robin":
+        # round robin reads no fleet state, so a fixed path latency shifts every request's
+        # engine timeline by the same amount: TTFT p50 moves by exactly that latency (a
+        # prefix-aware profile routes on a fleet state the delay changes, either way)
+        shift = run["vsim"]["ttft_ms"]["p50"] - run["vsim_no_path"]["ttft_ms"]["p50"]
+        assert shift == pytest.approx(run["vsim"]["dispatch_ms"], abs=1.0)
     compare = run["compare"]
     assert compare["ttft_p50_ratio"] > 0 and compare["cached_ratio"] > 0
     assert isinstance(compare["ttft_p50_within"], bool)
