@@ -30,7 +30,7 @@ Example::
 
     batcher = ScriptBatcher(redis, timeout_s=0.25)
     async with asyncio.timeout(0.25):
-        reply = await batcher.run(ACQUIRE_SCRIPT, keys, args)
+        reply = await batcher.run(OPS_SCRIPT, keys, (ttl_ms, hint_ms, "A", *acquire_args))
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from admission.quota.lua import LuaScript
+from admission.quota.pipe import merge_calls, split_reply, unit_args
 
 __all__ = ["ScriptBatcher"]
 
@@ -208,14 +209,15 @@ class ScriptBatcher:
             self._start_sender(asyncio.get_running_loop())
 
     async def _send(self, batch: list[_Call]) -> None:
+        units = merge_calls(batch)  # an ops script's calls with the same keys: one command
         try:
             async with asyncio.timeout(self._timeout_s):
-                replies = await self._execute(batch, use_eval=False)
+                replies = await self._execute(units, use_eval=False)
                 missing = [i for i, reply in enumerate(replies)
                            if isinstance(reply, NoScriptError)]
                 if missing:
                     self.num_script_loads += len(missing)
-                    loaded = await self._execute([batch[i] for i in missing], use_eval=True)
+                    loaded = await self._execute([units[i] for i in missing], use_eval=True)
                     for i, reply in zip(missing, loaded, strict=True):
                         replies[i] = reply
         except asyncio.CancelledError:
@@ -224,30 +226,37 @@ class ScriptBatcher:
         except Exception as exc:  # the whole round trip failed: so did every call in it
             _fail(batch, exc)
             return
-        for queued, reply in zip(batch, replies, strict=True):
+        for unit, reply in zip(units, replies, strict=True):
             if isinstance(reply, Exception):
-                _fail([queued], reply)
-            elif not queued.future.done():
-                queued.future.set_result(reply)
-
-    async def _execute(self, batch: list[_Call], *, use_eval: bool) -> list[Any]:
-        self.num_round_trips += 1
-        if len(batch) == 1:  # a lone call: a pipeline would only add client work
+                _fail(unit, reply)
+                continue
             try:
-                return [await self._redis.execute_command(*_command(batch[0], use_eval))]
+                answers = split_reply(unit, reply)
+            except ResponseError as exc:
+                _fail(unit, exc)
+                continue
+            for queued, answer in zip(unit, answers, strict=True):
+                if not queued.future.done():
+                    queued.future.set_result(answer)
+
+    async def _execute(self, units: list[list[_Call]], *, use_eval: bool) -> list[Any]:
+        self.num_round_trips += 1
+        if len(units) == 1:  # a lone command: a pipeline would only add client work
+            try:
+                return [await self._redis.execute_command(*_command(units[0], use_eval))]
             except ResponseError as exc:
                 return [exc]
         pipe = self._redis.pipeline(transaction=False)
-        for queued in batch:
-            pipe.execute_command(*_command(queued, use_eval))
+        for unit in units:
+            pipe.execute_command(*_command(unit, use_eval))
         return list(await pipe.execute(raise_on_error=False))
 
 
-def _command(queued: _Call, use_eval: bool) -> tuple[str | int, ...]:
-    keys, script = queued.keys, queued.script
-    if use_eval:
-        return ("EVAL", script.text, len(keys), *keys, *queued.args)
-    return ("EVALSHA", script.sha, len(keys), *keys, *queued.args)
+def _command(unit: list[_Call], use_eval: bool) -> tuple[str | int, ...]:
+    first = unit[0]
+    keys, script = first.keys, first.script
+    head = ("EVAL", script.text) if use_eval else ("EVALSHA", script.sha)
+    return (*head, len(keys), *keys, *unit_args(unit))
 
 
 def _fail(batch: Sequence[_Call], exc: BaseException) -> None:

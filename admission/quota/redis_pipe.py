@@ -10,7 +10,8 @@ for clients this connection cannot stand in for (``RedisCluster``, TLS, credenti
 
 - the calls made in one loop iteration leave as one write (one round trip) from a ``call_soon``
   callback, at most ``max_batch_size`` per write and ``max_in_flight`` writes unanswered; a
-  call made while nothing is queued or unanswered is written at once;
+  call made while nothing is queued or unanswered is written at once; in a write, an ops
+  script's calls with the same keys are one command (``pipe.merge_calls``);
 - a deferrable call (a settle) rides with the next write, or leaves after its delay;
 - ``NOSCRIPT`` (after ``SCRIPT FLUSH`` or a Redis restart) is answered by sending that call
   again with ``EVAL``, counted in ``num_script_loads``; any other error reply goes to its caller.
@@ -24,8 +25,8 @@ again. A caller that is cancelled only loses its reply: its command may already 
 Example::
 
     pipe = RespScriptPipe(RespAddress.of(redis_client), timeout_s=0.25)
-    reply = await pipe.run(ACQUIRE_SCRIPT, keys, args)
-    settled = pipe.defer(SETTLE_SCRIPT, keys, args, max_delay_s=0.05)  # a future
+    reply = await pipe.run(OPS_SCRIPT, keys, (ttl_ms, hint_ms, "A", *acquire_args))
+    settled = pipe.defer(OPS_SCRIPT, keys, (ttl_ms, hint_ms, "S", *settle_args), 0.05)
     await pipe.aclose()
 """
 
@@ -45,6 +46,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from admission.quota.lua import LuaScript
+from admission.quota.pipe import merge_calls, split_reply, unit_args
 
 __all__ = ["RespAddress", "RespScriptPipe"]
 
@@ -86,12 +88,15 @@ class _Call:
 
 
 class _Write:
-    """One write's calls, answered in order."""
+    """One write's commands, answered in order: each the calls it carries (merged, or one)."""
 
-    __slots__ = ("calls", "num_answered", "sent_s")
+    __slots__ = ("num_answered", "sent_s", "units")
 
-    def __init__(self, calls: list[_Call], sent_s: float) -> None:
-        self.calls, self.sent_s, self.num_answered = calls, sent_s, 0
+    def __init__(self, units: list[list[_Call]], sent_s: float) -> None:
+        self.units, self.sent_s, self.num_answered = units, sent_s, 0
+
+    def calls(self, start: int = 0) -> list[_Call]:
+        return [queued for unit in self.units[start:] for queued in unit]
 
 
 class RespScriptPipe:
@@ -168,7 +173,7 @@ class RespScriptPipe:
         if flush_timeout_s > 0 and (self._deferred or self._pending or self._unanswered):
             self._flush_deferred()
             waiting = [queued.future for queued in self._pending]
-            waiting += [queued.future for write in self._unanswered for queued in write.calls]
+            waiting += [queued.future for write in self._unanswered for queued in write.calls()]
             if waiting:
                 await asyncio.wait(waiting, timeout=flush_timeout_s)
         self._drop_connection(RedisConnectionError("quota script pipe closed"))
@@ -218,11 +223,14 @@ class RespScriptPipe:
             if batch:
                 self._write(batch, loop)
 
-    def _write(self, batch: list[_Call], loop: asyncio.AbstractEventLoop,
-               use_eval: bool = False) -> None:
+    def _write(self, batch: list[_Call], loop: asyncio.AbstractEventLoop) -> None:
+        self._write_units(merge_calls(batch), loop, use_eval=False)
+
+    def _write_units(self, units: list[list[_Call]], loop: asyncio.AbstractEventLoop,
+                     use_eval: bool) -> None:
         assert self._transport is not None
-        self._transport.write(b"".join([_pack(queued, use_eval) for queued in batch]))
-        self._unanswered.append(_Write(batch, loop.time()))
+        self._transport.write(b"".join([_pack(unit, use_eval) for unit in units]))
+        self._unanswered.append(_Write(units, loop.time()))
         self.num_round_trips += 1
         self._arm_watchdog(loop)
 
@@ -230,28 +238,35 @@ class RespScriptPipe:
     def _on_data(self, data: bytes) -> None:
         reader = self._reader
         reader.feed(data)
-        reload: list[_Call] = []
+        reload: list[list[_Call]] = []
         while (reply := reader.gets()) is not False:
             if not self._unanswered:  # a reply nobody asked for: the stream is out of step
                 self._drop_connection(RedisConnectionError("unexpected reply from Redis"))
                 return
             write = self._unanswered[0]
-            queued = write.calls[write.num_answered]
+            unit = write.units[write.num_answered]
             write.num_answered += 1
-            if write.num_answered == len(write.calls):
+            if write.num_answered == len(write.units):
                 self._unanswered.popleft()
-            if isinstance(reply, ResponseError):
-                message = str(reply)
-                if message.startswith("NOSCRIPT"):
-                    reload.append(queued)
-                elif not queued.future.done():
-                    queued.future.set_exception(ResponseError(message))
-            elif not queued.future.done():
-                queued.future.set_result(reply)
+            if isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT"):
+                reload.append(unit)
+                continue
+            try:
+                replies = split_reply(unit, reply) if not isinstance(reply, ResponseError) \
+                    else [ResponseError(str(reply))] * len(unit)
+            except ResponseError as exc:
+                replies = [exc] * len(unit)
+            for queued, answer in zip(unit, replies, strict=True):
+                if queued.future.done():
+                    continue
+                if isinstance(answer, ResponseError):
+                    queued.future.set_exception(ResponseError(str(answer)))
+                else:
+                    queued.future.set_result(answer)
         loop = asyncio.get_running_loop()
         if reload and self._transport is not None:
             self.num_script_loads += len(reload)
-            self._write(reload, loop, use_eval=True)
+            self._write_units(reload, loop, use_eval=True)
         if self._pending and len(self._unanswered) < self._max_in_flight:
             self._schedule_flush(loop)
 
@@ -296,7 +311,7 @@ class RespScriptPipe:
         futures = [loop.create_future() for _ in commands]
         assert self._transport is not None
         self._transport.write(b"".join(_pack_command(command) for command in commands))
-        self._unanswered.append(_Write([_Call(_NO_SCRIPT, (), (), future, loop.time())
+        self._unanswered.append(_Write([[_Call(_NO_SCRIPT, (), (), future, loop.time())]
                                         for future in futures], loop.time()))
         for reply in await asyncio.gather(*futures, return_exceptions=True):
             if isinstance(reply, BaseException):
@@ -313,7 +328,7 @@ class RespScriptPipe:
         if transport is not None:
             transport.abort()
         unanswered = [queued for write in self._unanswered
-                      for queued in write.calls[write.num_answered:]]
+                      for queued in write.calls(write.num_answered)]
         self._unanswered.clear()
         _fail(unanswered, error)
 
@@ -363,10 +378,11 @@ class _Protocol(asyncio.Protocol):
 _NO_SCRIPT = LuaScript("")
 
 
-def _pack(queued: _Call, use_eval: bool) -> bytes:
-    script = queued.script
+def _pack(unit: list[_Call], use_eval: bool) -> bytes:
+    first = unit[0]
+    script = first.script
     head = ("EVAL", script.text) if use_eval else ("EVALSHA", script.sha)
-    return _pack_command((*head, len(queued.keys), *queued.keys, *queued.args))
+    return _pack_command((*head, len(first.keys), *first.keys, *unit_args(unit)))
 
 
 def _pack_command(parts: Sequence[str | int | bytes]) -> bytes:

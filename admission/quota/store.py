@@ -37,13 +37,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from admission.quota.local import LocalLimiter
-from admission.quota.lua import (
-    ACQUIRE_SCRIPT,
-    CANCEL_SCRIPT,
-    RENEW_SCRIPT,
-    SETTLE_SCRIPT,
-    LuaScript,
-)
+from admission.quota.lua import OPS_SCRIPT
 from admission.quota.pipe import ScriptPipe
 from admission.quota.redis_batch import ScriptBatcher
 from admission.quota.redis_pipe import RespAddress, RespScriptPipe
@@ -74,16 +68,18 @@ def gone_key(tenant_id: str) -> str:
     return f"sy:quota:{{{tenant_id}}}:gone"
 
 
+@functools.lru_cache(maxsize=4096)
+def ops_keys(tenant_id: str) -> tuple[str, str, str, str]:
+    """OPS_SCRIPT's keys: ``quota_keys`` and ``gone_key``."""
+    return (*quota_keys(tenant_id), gone_key(tenant_id))
+
+
 MAX_UNANSWERED = 100_000  # acquires waiting for Redis to come back to be cancelled
 
 
-def _settle_keys_args(tenant_id: str, limits: LimitsLike, reserved_tokens: int,
-                      actual_tokens: int, request_id: str
-                      ) -> tuple[tuple[str, str], tuple[int, int, int, str]]:
-    """SETTLE_SCRIPT's keys (token GCRA, lease set) and arguments."""
-    _, tok_key, leases_key = quota_keys(tenant_id)
-    return (tok_key, leases_key), (normalize_limit(limits.tokens_per_minute), reserved_tokens,
-                                   actual_tokens, request_id)
+def _is_one(reply: Any) -> bool:
+    """An op's reply ``1`` (bytes or str), as settle, renew and cancel answer yes."""
+    return reply is not None and int(reply) == 1
 
 
 class QuotaStore:
@@ -132,6 +128,7 @@ class QuotaStore:
         self._timeout_s = timeout_s
         self._lease_ttl_ms = max(1, round(lease_ttl_s * 1000))
         self._concurrency_hint_ms = concurrency_hint_ms
+        self._header = (self._lease_ttl_ms, concurrency_hint_ms)  # OPS_SCRIPT's first args
         self._outage_retry_s = outage_retry_s
         self._clock = clock
         self._local = LocalLimiter(lease_ttl_s, concurrency_hint_ms)
@@ -173,18 +170,16 @@ class QuotaStore:
                       request_id: str) -> QuotaDecision:
         """Admit one request of ``tokens`` (prompt + reserved output) or say why not.
 
-        One ``EVALSHA``, pipelined with concurrent calls; all-or-nothing: a refused request
-        charges nothing and holds no lease.
+        One op of ``OPS_SCRIPT``, in one command with the tenant's other ops of this loop
+        iteration; all-or-nothing: a refused request charges nothing and holds no lease.
         """
         self.num_acquires += 1
         rpm = normalize_limit(limits.requests_per_minute)
         tpm = normalize_limit(limits.tokens_per_minute)
         max_concurrent = normalize_limit(limits.max_concurrent)
-        args = (rpm, tpm, max_concurrent, tokens, request_id, self._lease_ttl_ms,
-                self._concurrency_hint_ms)
+        args = (*self._header, "A", rpm, tpm, max_concurrent, tokens, request_id)
         was_sent = self._clock() >= self._skip_redis_until
-        reply = await self._call(ACQUIRE_SCRIPT, (*quota_keys(tenant_id), gone_key(tenant_id)),
-                                 args)
+        reply = await self._call(ops_keys(tenant_id), args)
         if reply is None and was_sent:
             # It may still run (Redis paused, or its reply lost): cancelled once Redis answers
             # again, so that it leaves no lease behind to lock the tenant out.
@@ -222,11 +217,16 @@ class QuotaStore:
             return self._local.settle(tenant_id, limits, reserved_tokens=reserved_tokens,
                                       actual_tokens=actual_tokens, request_id=request_id,
                                       now_s=self._clock())
-        reply = await self._call(SETTLE_SCRIPT, *_settle_keys_args(
-            tenant_id, limits, reserved_tokens, actual_tokens, request_id), deferrable=True)
+        reply = await self._call(ops_keys(tenant_id), self._settle_args(
+            limits, reserved_tokens, actual_tokens, request_id), deferrable=True)
         if reply is None:
             self._release_later(request_id, tenant_id)
-        return bool(reply)
+        return _is_one(reply)
+
+    def _settle_args(self, limits: LimitsLike, reserved_tokens: int, actual_tokens: int,
+                     request_id: str) -> tuple[str | int, ...]:
+        return (*self._header, "S", normalize_limit(limits.tokens_per_minute), reserved_tokens,
+                actual_tokens, request_id)
 
     def settle_soon(self, tenant_id: str, limits: LimitsLike, *, reserved_tokens: int,
                     actual_tokens: int, request_id: str) -> None:
@@ -241,12 +241,12 @@ class QuotaStore:
         if self._clock() < self._skip_redis_until:
             self._release_later(request_id, tenant_id)  # Redis is down: when it is back
             return
-        keys, args = _settle_keys_args(tenant_id, limits, reserved_tokens, actual_tokens,
-                                       request_id)
+        keys = ops_keys(tenant_id)
+        args = self._settle_args(limits, reserved_tokens, actual_tokens, request_id)
         if self.settle_delay_s > 0:
-            future = self._batcher.defer(SETTLE_SCRIPT, keys, args, self.settle_delay_s)
+            future = self._batcher.defer(OPS_SCRIPT, keys, args, self.settle_delay_s)
         else:
-            future = self._batcher.call(SETTLE_SCRIPT, keys, args)
+            future = self._batcher.call(OPS_SCRIPT, keys, args)
         future.add_done_callback(functools.partial(self._on_settled, request_id, tenant_id))
 
     def _on_settled(self, request_id: str, tenant_id: str, future: asyncio.Future[Any]
@@ -264,7 +264,7 @@ class QuotaStore:
             log.error("quota store: settle failed: %r", exc)
 
     def _release_later(self, request_id: str, tenant_id: str) -> None:
-        """A lease whose release may not have reached Redis: released (CANCEL_SCRIPT) once
+        """A lease whose release may not have reached Redis: released (the ``C`` op) once
         Redis answers again, instead of holding a slot until its TTL. Its token refund is
         dropped (the charge stays as reserved) unless the settle itself ran."""
         self._unanswered[request_id] = tenant_id
@@ -281,15 +281,16 @@ class QuotaStore:
         False when the lease is gone (it expired, or was settled) or Redis is unreachable."""
         if self._local.holds(request_id):
             return self._local.renew(request_id, self._clock())
-        _, _, leases_key = quota_keys(tenant_id)
-        reply = await self._call(RENEW_SCRIPT, (leases_key,), (request_id, self._lease_ttl_ms))
-        return bool(reply)
+        reply = await self._call(ops_keys(tenant_id), (*self._header, "R", request_id))
+        return _is_one(reply)
 
     # -- Redis I/O ---------------------------------------------------------------------
-    async def _call(self, script: LuaScript, keys: Sequence[str],
-                    args: Sequence[str | int], *, deferrable: bool = False) -> Any:
-        """Run ``script``: its result, or None after an error or timeout (recorded). A
-        ``deferrable`` call rides with the next one sent, or leaves after ``settle_delay_s``."""
+    async def _call(self, keys: Sequence[str], args: Sequence[str | int], *,
+                    deferrable: bool = False) -> Any:
+        """Run one op of ``OPS_SCRIPT``: its reply, or None after an error or timeout
+        (recorded). A ``deferrable`` call rides with the next one sent, or leaves after
+        ``settle_delay_s``."""
+        script = OPS_SCRIPT
         if self._clock() < self._skip_redis_until:
             return None
         if self._unanswered:  # answered before this call goes (their script may need loading)
@@ -321,14 +322,14 @@ class QuotaStore:
 
     async def _cancel_unanswered(self) -> None:
         """Cancel the acquires whose answer never came and release the leases whose settle
-        was lost (CANCEL_SCRIPT: drops the lease, and makes an acquire still to run charge
+        was lost (the ``C`` op: drops the lease, and makes an acquire still to run charge
         and hold nothing). Those that fail wait for the next call."""
         unanswered, self._unanswered = self._unanswered, {}
         self.num_cancelled += len(unanswered)
         futures = []
         for request_id, tenant_id in unanswered.items():
-            keys = (quota_keys(tenant_id)[2], gone_key(tenant_id))
-            future = self._batcher.call(CANCEL_SCRIPT, keys, (request_id, self._lease_ttl_ms))
+            future = self._batcher.call(OPS_SCRIPT, ops_keys(tenant_id),
+                                        (*self._header, "C", request_id))
             future.add_done_callback(functools.partial(self._on_cancelled, request_id,
                                                        tenant_id))
             futures.append(future)

@@ -44,7 +44,7 @@ import httpx
 import orjson
 import uvloop
 
-from admission.quota.lua import ACQUIRE_SCRIPT, RENEW_SCRIPT, SETTLE_SCRIPT
+from admission.quota.lua import OPS_SCRIPT
 from bench.admission.fleet import MOCK_MODEL, Fleet, GatewayProc, provision, scrape
 from bench.common.loadgen import chat_body, json_headers
 from bench.common.stats import median
@@ -55,8 +55,7 @@ ALL_LIMITS = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_
 # Commands the quota scripts run inside Redis: INFO commandstats counts them too, but they are
 # no round trips (a command of the same name sent by a client would be counted with them).
 SCRIPT_COMMANDS = frozenset(
-    name.lower() for script in (ACQUIRE_SCRIPT, SETTLE_SCRIPT, RENEW_SCRIPT)
-    for name in re.findall(r"redis\.call\('([A-Z]+)'", script.text))
+    name.lower() for name in re.findall(r"redis\.call\('([A-Z]+)'", OPS_SCRIPT.text))
 COST_SETUPS = (("off", False, False), ("quota_only", False, True), ("slo_only", True, False),
                ("on", True, True))  # name, SLO admission, tenant limits
 

@@ -23,8 +23,13 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
-from admission.quota.store import FailMode, QuotaLimits, QuotaStore, quota_keys
+from admission.quota.lua import OPS_SCRIPT
+from admission.quota.pipe import MAX_MERGED_OPS, ScriptPipe
+from admission.quota.redis_batch import ScriptBatcher
+from admission.quota.redis_pipe import RespAddress, RespScriptPipe
+from admission.quota.store import FailMode, QuotaLimits, QuotaStore, ops_keys, quota_keys
 from gateway.cli.localproc import (
     ProcessGroup,
     free_port,
@@ -119,7 +124,8 @@ async def test_one_batch_is_one_read_and_one_write_in_redis(redis: aioredis.Redi
     await server.start()
     decisions = await asyncio.gather(*(store.acquire(tenant, limits, tokens=0, request_id=rid())
                                        for _ in range(32)))
-    assert await server.stop() == (32, 0, 1, 1)  # EVALSHA calls, EVAL calls, reads, writes
+    # One tenant's 32 acquires are one merged EVALSHA: one script run, one read, one write.
+    assert await server.stop() == (1, 0, 1, 1)  # EVALSHA calls, EVAL calls, reads, writes
     assert round_trips(store) - trips_before == 1
     assert [d.is_allowed for d in decisions] == [True] * 20 + [False] * 12
 
@@ -137,7 +143,7 @@ async def test_concurrent_acquires_are_exact(redis: aioredis.Redis, max_batch_si
     await server.start()
     decisions = await asyncio.gather(*(store.acquire(tenant, limits, tokens=0, request_id=rid())
                                        for _ in range(80)))
-    assert (await server.stop())[:2] == (80, 0)
+    assert (await server.stop())[:2] == (num_round_trips, 0)  # one merged EVALSHA per write
     assert round_trips(store) - trips_before == num_round_trips
     # The same answers as 80 sequential calls: the first 50 in, counting down, then refusals.
     sequential_tenant = new_tenant()
@@ -190,13 +196,13 @@ async def test_noscript_inside_a_batch_is_sent_again_with_eval(redis: aioredis.R
                                        for _ in range(20)))
     assert [d.remaining_requests for d in decisions] == list(range(99, 79, -1))
     assert not any(d.is_local for d in decisions) and not store.is_redis_down
-    assert (await server.stop())[1] == 20
-    assert store.counters()["num_script_loads"] - loads_before == 20  # one per call
+    assert (await server.stop())[1] == 1  # the 20 merged acquires, sent again as one EVAL
+    assert store.counters()["num_script_loads"] - loads_before == 1
     trips_before = round_trips(store)
     await asyncio.gather(*(store.acquire(tenant, limits, tokens=0, request_id=rid())
                            for _ in range(20)))
     assert round_trips(store) - trips_before == 1
-    assert store.counters()["num_script_loads"] - loads_before == 20
+    assert store.counters()["num_script_loads"] - loads_before == 1
     assert store.counters()["num_redis_errors"] == 0
 
 
@@ -273,7 +279,7 @@ async def test_cancelled_callers_leave_the_others_unaffected(redis: aioredis.Red
     others = await asyncio.gather(*calls[:2], *calls[3:])
     assert calls[2].cancelled()
     assert [d.remaining_requests for d in others] == [9, 8, 7, 6]
-    assert (await server.stop())[0] == 4
+    assert (await server.stop())[0] == 1  # the four left, merged
     # Cancelled while its batch is in Redis: it is charged, everyone else gets their answer.
     await redis.execute_command("CLIENT", "PAUSE", 2_000, "WRITE")
     calls = [asyncio.create_task(store.acquire(tenant, limits, tokens=0, request_id=rid()))
@@ -340,7 +346,7 @@ async def test_cluster_pipelines_by_node(cluster: list[int]) -> None:
                                        for tenant in tenants for _ in range(7)))
     counts = [await server.stop() for server in servers]
     assert round_trips(store) - trips_before == 1  # one pipeline per node, sent together
-    assert sum(evalsha for evalsha, *_ in counts) == 8 * 7
+    assert sum(evalsha for evalsha, *_ in counts) == 8  # each tenant's 7 merged into one
     assert [(reads, writes) for _, _, reads, writes in counts] == [(1, 1), (1, 1)]
     for i in range(8):
         mine = decisions[i * 7:(i + 1) * 7]
@@ -353,7 +359,7 @@ async def test_cluster_pipelines_by_node(cluster: list[int]) -> None:
     again = await asyncio.gather(*(store.acquire(t, limits, tokens=0, request_id=rid())
                                    for t in tenants))
     assert {d.refused_by for d in again} == {"requests"}
-    assert store.counters()["num_script_loads"] - loads_before == 8
+    assert store.counters()["num_script_loads"] - loads_before == 8  # one per tenant
     assert store.counters()["num_redis_errors"] == 0
     for node in nodes:
         await node.aclose()
@@ -431,3 +437,61 @@ async def test_aclose_sends_the_deferred_settles(redis: aioredis.Redis,
     other = QuotaStore(redis, own_connection=own_connection)
     assert (await other.acquire(tenant, limits, tokens=0, request_id=rid())).is_allowed
     await other.aclose()
+
+
+def transport(client: aioredis.Redis, own_connection: bool) -> ScriptPipe:
+    if own_connection:
+        address = RespAddress.of(client)
+        assert address is not None
+        return RespScriptPipe(address, timeout_s=2.0, send_idle_calls_at_once=False)
+    return ScriptBatcher(client, timeout_s=2.0, send_idle_calls_at_once=False)
+
+
+async def test_a_merged_command_answers_each_op_as_sequential_calls_would(
+        redis: aioredis.Redis, own_connection: bool) -> None:
+    """One tenant's ops of one iteration are one EVALSHA, applied in order: the third acquire
+    finds both slots taken, the settle frees one, the fourth acquire takes it; a renew of a
+    lease that exists says 1. A bad op fails only its own command's callers."""
+    pipe = transport(redis, own_connection)
+    header, keys, other_keys = (60_000, 1000), ops_keys(new_tenant()), ops_keys(new_tenant())
+    await pipe.run(OPS_SCRIPT, other_keys, (*header, "R", "warm"))  # connected, script loaded
+    first, second = rid(), rid()
+    server = ServerCounts(redis)
+    await server.start()
+    ops = [("A", 0, 1000, 2, 100, first), ("A", 0, 1000, 2, 100, second),
+           ("A", 0, 1000, 2, 100, rid()), ("S", 1000, 100, 40, first),
+           ("A", 0, 1000, 2, 100, rid()), ("R", second)]
+    futures = [pipe.call(OPS_SCRIPT, keys, (*header, *op)) for op in ops]
+    bad = pipe.call(OPS_SCRIPT, other_keys, (*header, "X", "oops"))
+    fine = pipe.call(OPS_SCRIPT, ops_keys(new_tenant()), (*header, "R", "nobody"))
+    replies = [await future for future in futures]
+    assert (await server.stop())[0] == 3  # the tenant's six ops, the bad one, the other one
+    fields = [reply.split() for reply in replies]
+    assert fields[0][:2] == [b"1", b"0"] and fields[0][7] == b"1"
+    assert fields[1][:2] == [b"1", b"0"] and fields[1][7] == b"2"
+    assert fields[2][:2] == [b"0", b"3"]  # refused: concurrency
+    assert replies[3] == b"1"  # a lease released, 60 tokens refunded
+    assert fields[4][:2] == [b"1", b"0"] and fields[4][7] == b"2"
+    assert int(fields[4][5]) == 1000 - 100 - 40 - 100  # remaining tokens, in order
+    assert replies[5] == b"1"
+    with pytest.raises(ResponseError, match="unknown quota op"):
+        await bad
+    assert await fine == b"0"
+    await pipe.aclose()
+
+
+async def test_ops_beyond_the_merge_bound_go_in_more_commands(redis: aioredis.Redis,
+                                                              own_connection: bool) -> None:
+    pipe = transport(redis, own_connection)
+    header, keys = (60_000, 1000), ops_keys(new_tenant())
+    await pipe.run(OPS_SCRIPT, keys, (*header, "R", "warm"))
+    server = ServerCounts(redis)
+    await server.start()
+    count = 2 * MAX_MERGED_OPS + 1
+    futures = [pipe.call(OPS_SCRIPT, keys, (*header, "A", count, 0, 0, 0, rid()))
+               for _ in range(count)]
+    replies = [await future for future in futures]
+    assert (await server.stop())[0] == 3
+    remaining = [int(reply.split()[3]) for reply in replies]
+    assert remaining == list(range(count - 1, -1, -1))  # one GCRA, charged in call order
+    await pipe.aclose()

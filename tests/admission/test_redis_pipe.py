@@ -15,10 +15,12 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from admission.quota.lua import RENEW_SCRIPT
+from admission.quota.lua import OPS_SCRIPT
 from admission.quota.redis_pipe import RespAddress, RespScriptPipe, _pack_command
-from admission.quota.store import QuotaLimits, QuotaStore, quota_keys
+from admission.quota.store import QuotaLimits, QuotaStore, ops_keys, quota_keys
 from gateway.cli.localproc import ProcessGroup, start_redis
+
+RENEW_R = (1000, 1000, "R", "r")  # OPS_SCRIPT's header (lease TTL, hint) and one renew
 
 
 @pytest.fixture(scope="module")
@@ -148,15 +150,15 @@ async def test_closing_sends_what_is_deferred_then_fails_what_is_unanswered(
     address = RespAddress.of(redis)
     assert address is not None
     pipe = RespScriptPipe(address, timeout_s=1.0)
-    assert await pipe.run(RENEW_SCRIPT, ("sy:quota:{x}:leases",), ("r", 1000)) == 0
-    deferred = pipe.defer(RENEW_SCRIPT, ("sy:quota:{x}:leases",), ("r", 1000), 10.0)
+    assert await pipe.run(OPS_SCRIPT, ops_keys("x"), RENEW_R) == b"0"
+    deferred = pipe.defer(OPS_SCRIPT, ops_keys("x"), RENEW_R, 10.0)
     await pipe.aclose()
-    assert deferred.done() and deferred.result() == 0  # sent and answered, not dropped
+    assert deferred.done() and deferred.result() == b"0"  # sent and answered, not dropped
 
     # A Redis that does not answer: closing waits only flush_timeout_s, then fails the call.
     pipe = RespScriptPipe(address, timeout_s=5.0)
-    assert await pipe.run(RENEW_SCRIPT, ("sy:quota:{x}:leases",), ("r", 1000)) == 0
-    stalled = pipe.defer(RENEW_SCRIPT, ("sy:quota:{x}:leases",), ("r", 1000), 10.0)
+    assert await pipe.run(OPS_SCRIPT, ops_keys("x"), RENEW_R) == b"0"
+    stalled = pipe.defer(OPS_SCRIPT, ops_keys("x"), RENEW_R, 10.0)
     await redis.execute_command("CLIENT", "PAUSE", 1000, "ALL")
     try:
         started = time.monotonic()
