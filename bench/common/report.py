@@ -42,6 +42,10 @@ TARGETS = (
            25),
     Target("latency.gateway.added_p50_ms", "added latency p50 at 200 req/s (ms)", 1),
     Target("latency.gateway.added_p99_ms", "added latency p99 at 200 req/s (ms)", 5),
+    Target("nonstream.gateway.cpu_to_floor_ratio",
+           "CPU per non-streaming request, gateway / bare proxy", 1.3),
+    Target("nonstream.gateway.redis_cpu_us_per_request",
+           "Redis CPU-µs per non-streaming request (c=32)", 20),
 )
 
 # (label, figure with {} for "gateway" or "floor", the engine-alone figure or None)
@@ -49,6 +53,8 @@ ROWS = (
     ("CPU-µs per non-streaming request (c=32)", "nonstream.{}.proxy_cpu_us_per_request",
      "nonstream.direct.engine_cpu_us_per_request"),
     ("CPU per non-streaming request, gateway / bare proxy", "nonstream.{}.cpu_to_floor_ratio",
+     None),
+    ("Redis CPU-µs per non-streaming request (c=32)", "nonstream.{}.redis_cpu_us_per_request",
      None),
     ("CPU-µs per streamed chunk, zero-delay engine", "stream.{}.proxy_cpu_us_per_chunk",
      "stream.direct.engine_cpu_us_per_chunk"),

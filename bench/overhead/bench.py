@@ -114,7 +114,8 @@ def endpoints(fleet: BenchFleet) -> dict[str, tuple[str, dict[str, int]]]:
     return {
         "direct": (fleet.engine_url, engine),
         "floor": (fleet.floor_url, {"proxy": fleet.floor_pid, **engine}),
-        "gateway": (fleet.gateway_url, {"proxy": fleet.gateway_pid, **engine}),
+        "gateway": (fleet.gateway_url, {"proxy": fleet.gateway_pid, **engine,
+                                        "redis": fleet.redis_pid}),
     }
 
 

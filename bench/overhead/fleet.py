@@ -2,6 +2,10 @@
 pass-through proxy (`bench.overhead.bare_proxy`) in front of the same engine as the floor to
 compare with.
 
+The tenant is configured as users run one: all three limits set (requests and tokens per
+minute, concurrency), high enough never to refuse, so that every request pays the quota's
+Redis round trip, and the gateway's tiers and SLO admission as they ship.
+
 Example::
 
     with bench_fleet(workdir) as fleet:
@@ -22,6 +26,8 @@ from gateway.cli.localproc import free_port, python_module_argv, wait_http
 
 MODEL = MOCK_MODEL
 CHAT_PATH = "/v1/chat/completions"
+LIMITS = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000,
+          "max_concurrent": 1_000}
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +38,7 @@ class BenchFleet:
     gateway_pid: int
     floor_url: str
     floor_pid: int
+    redis_pid: int
     api_key: str
     model: str = MODEL
 
@@ -60,10 +67,11 @@ def bench_fleet(workdir: Path, model: str = MODEL) -> Iterator[BenchFleet]:
             "backends": [{"name": "engine", "url": engine_url, "models": [model]}],
             "log_level": "warning",
         })
-        api_key = fleet.create_tenant_key(gateway.url, {"name": "bench", "models": [model]},
-                                          name="bench")
+        api_key = fleet.create_tenant_key(
+            gateway.url, {"name": "bench", "models": [model], "limits": LIMITS}, name="bench")
+        pids = fleet.pids()
         yield BenchFleet(
-            engine_url=engine_url, engine_pid=fleet.pids()["engine"], gateway_url=gateway.url,
+            engine_url=engine_url, engine_pid=pids["engine"], gateway_url=gateway.url,
             gateway_pid=gateway.pid, floor_url=floor_url, floor_pid=floor.pid,
-            api_key=api_key, model=model,
+            redis_pid=pids["redis"], api_key=api_key, model=model,
         )
