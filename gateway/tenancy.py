@@ -160,6 +160,15 @@ def entropy_bits(text: str) -> float:
     return -sum(n * math.log2(n / len(text)) for n in counts)
 
 
+def new_secret(nbytes: int) -> str:
+    """A random URL-safe token of ``nbytes`` bytes that does not start with ``-``, so that it
+    can follow an option on a command line (``--admin-token TOKEN``) without being read as
+    an option itself (``secrets.token_urlsafe`` starts one in 64 that way)."""
+    while (token := secrets.token_urlsafe(nbytes)).startswith("-"):
+        pass
+    return token
+
+
 def key_digest(key_secret: bytes | None, presented_key: str) -> str:
     """The stored form of a key: HMAC-SHA256 under ``key_secret``, else plain SHA-256 (hex)."""
     data = presented_key.encode()

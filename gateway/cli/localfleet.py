@@ -14,7 +14,6 @@ secret, so tenants and keys made through one work through all. Example::
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +33,7 @@ from gateway.cli.localproc import (
     start_redis,
     wait_http,
 )
+from gateway.tenancy import new_secret
 
 __all__ = [
     "MOCK_MODEL", "SIM_MODEL", "WORKER_MODEL", "GatewayProc", "LocalFleet", "admin_client",
@@ -72,8 +72,8 @@ class LocalFleet:
         self.workdir = workdir
         self.group = ProcessGroup(log_dir=workdir)
         self.redis_url = redis_url or ""
-        self.admin_token = secrets.token_urlsafe(24)
-        self.key_secret = secrets.token_urlsafe(32)
+        self.admin_token = new_secret(24)
+        self.key_secret = new_secret(32)
         self._grace_s = grace_s
 
     def __enter__(self) -> Self:

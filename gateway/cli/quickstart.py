@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -32,7 +31,7 @@ from gateway.context import GATEWAY, Gateway
 from gateway.engine_discovery import DiscoveredEngine, DiscoveryError, check_urls, discover_engines
 from gateway.settings import ConfigError, Settings, load_settings
 from gateway.state import MEMORY_WARNING
-from gateway.tenancy import ALL_MODELS, Limits
+from gateway.tenancy import ALL_MODELS, Limits, new_secret
 
 DEFAULT_TENANT = "default"
 DEFAULT_WAIT_S = 30.0
@@ -89,7 +88,7 @@ def run(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> in
         return 1
     admin_token = args.admin_token
     if admin_token is None and not environ.get("SWITCHYARD_ADMIN_TOKEN"):
-        admin_token = secrets.token_urlsafe(24)
+        admin_token = new_secret(24)
     try:
         settings = build_settings(engines, environ, redis_url=args.redis_url, host=args.host,
                                   port=args.port, admin_token=admin_token)
