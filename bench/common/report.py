@@ -46,6 +46,8 @@ TARGETS = (
            "CPU per non-streaming request, gateway / bare proxy", 1.3),
     Target("nonstream.gateway.redis_cpu_us_per_request",
            "Redis CPU-µs per non-streaming request (c=32)", 20),
+    Target("nonstream.gateway64.cpu_to_gateway_ratio",
+           "CPU per non-streaming request, 64 backends / 4", 1.2),
 )
 
 # (label, figure with {} for "gateway" or "floor", the engine-alone figure or None)
@@ -56,6 +58,11 @@ ROWS = (
      None),
     ("Redis CPU-µs per non-streaming request (c=32)", "nonstream.{}.redis_cpu_us_per_request",
      None),
+    ("CPU-µs per non-streaming request, 64 backends", "nonstream.{}64.proxy_cpu_us_per_request",
+     None),
+    ("CPU per non-streaming request, 64 backends / 4", "nonstream.{}64.cpu_to_gateway_ratio",
+     None),
+    ("CPU-µs per paced chunk, 64 backends", "paced_stream.{}64.proxy_cpu_us_per_chunk", None),
     ("CPU-µs per streamed chunk, zero-delay engine", "stream.{}.proxy_cpu_us_per_chunk",
      "stream.direct.engine_cpu_us_per_chunk"),
     ("CPU-µs per stream (67 chunks), zero delay", "stream.{}.proxy_cpu_us_per_request",

@@ -1,10 +1,11 @@
 """What the gateway costs, in CPU and latency, over calling the engine directly.
 
-In one run it starts a private redis-server, a zero-delay mock engine, a gateway process and a
-bare aiohttp pass-through proxy (`bench.overhead.bare_proxy`, the floor for a Python proxy),
-creates a tenant and key through the admin API, then drives the same load at the engine
-directly, through the bare proxy and through the gateway (with auth), ``--runs`` times, and
-reports medians::
+In one run it starts a private redis-server, a zero-delay mock engine, two gateway processes
+(the engine listed as 4 backends, and as 64) and a bare aiohttp pass-through proxy
+(`bench.overhead.bare_proxy`, the floor for a Python proxy), creates a tenant with limits and a
+key through the admin API, then drives the same load at the engine directly, through the bare
+proxy and through the gateway (with auth; the 64-backend one under the non-streaming and paced
+loads), ``--runs`` times, and reports medians::
 
     python -m bench.overhead            # the full benchmark (about 3 minutes)
     python -m bench.overhead --quick    # a smoke run (well under 20 s)
@@ -108,15 +109,23 @@ def phases(plan: Plan) -> list[Phase]:
     ]
 
 
-def endpoints(fleet: BenchFleet) -> dict[str, tuple[str, dict[str, int]]]:
+# Phases also run through the gateway with BACKEND_COUNTS[1] backends ("gateway64").
+LARGE_FLEET_PHASES = ("nonstream", "paced_stream")
+
+
+def endpoints(fleet: BenchFleet, phase: str = "") -> dict[str, tuple[str, dict[str, int]]]:
     """URL and watched processes per endpoint; "proxy" is the process under test."""
     engine = {"engine": fleet.engine_pid}
-    return {
+    found = {
         "direct": (fleet.engine_url, engine),
         "floor": (fleet.floor_url, {"proxy": fleet.floor_pid, **engine}),
         "gateway": (fleet.gateway_url, {"proxy": fleet.gateway_pid, **engine,
                                         "redis": fleet.redis_pid}),
     }
+    if phase in LARGE_FLEET_PHASES:
+        found["gateway64"] = (fleet.large_url, {"proxy": fleet.large_pid, **engine,
+                                                "redis": fleet.redis_pid})
+    return found
 
 
 def _per(cpu_s: float, count: float) -> float:
@@ -143,7 +152,7 @@ def result_figures(result: dict[str, Any]) -> Figures:
 
 def measure_phase(fleet: BenchFleet, phase: Phase) -> Figures:
     figures: Figures = {}
-    for target, (url, watch) in endpoints(fleet).items():
+    for target, (url, watch) in endpoints(fleet, phase.name).items():
         writes_before = fleet.streamed_chunks() if target == "gateway" else 0.0
         result = _loadgen(fleet, url + CHAT_PATH, watch, *phase.args)
         for key, value in result_figures(result).items():
@@ -165,6 +174,9 @@ def derived(figures: Figures) -> Figures:
         out[f"{phase}.gateway.cpu_to_floor_ratio"] = (
             figures[f"{phase}.gateway.proxy_cpu_us_per_{unit}"]
             / figures[f"{phase}.floor.proxy_cpu_us_per_{unit}"])
+        out[f"{phase}.gateway64.cpu_to_gateway_ratio"] = (
+            figures[f"{phase}.gateway64.proxy_cpu_us_per_{unit}"]
+            / figures[f"{phase}.gateway.proxy_cpu_us_per_{unit}"])
     for target in ("floor", "gateway"):
         for q in ("p50", "p99"):
             out[f"latency.{target}.added_{q}_ms"] = (

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bench.common.report import ROWS, TARGETS
-from bench.overhead.bench import QUICK, phases
+from bench.overhead.bench import LARGE_FLEET_PHASES, QUICK, phases
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENDPOINTS = ("direct", "floor", "gateway")
@@ -51,7 +51,8 @@ def test_table_and_target_figures_are_present_and_positive(results: dict[str, An
     for _, template, direct_key in ROWS:
         expected.append(template.format("gateway"))
         # the gateway against the floor, and Redis (the bare proxy uses none): no floor figure
-        if not template.endswith(("to_floor_ratio", "redis_cpu_us_per_request")):
+        if not template.endswith(("to_floor_ratio", "redis_cpu_us_per_request")) \
+                and "{}64" not in template:  # and the 64-backend gateway: no floor either
             expected.append(template.format("floor"))
         expected += [direct_key] if direct_key else []
     assert [key for key in expected if key not in median] == []
@@ -62,9 +63,12 @@ def test_table_and_target_figures_are_present_and_positive(results: dict[str, An
 @pytest.mark.parametrize("phase", [pytest.param(p.name, id=p.name) for p in phases(QUICK)])
 def test_each_phase_ran_against_each_endpoint(results: dict[str, Any], phase: str) -> None:
     median = results["median"]
-    for endpoint in ENDPOINTS:
+    large = ("gateway64",) if phase in LARGE_FLEET_PHASES else ()
+    for endpoint in (*ENDPOINTS, *large):
         assert median[f"{phase}.{endpoint}.requests_per_s"] > 0, endpoint
         assert median[f"{phase}.{endpoint}.p50_ms"] > 0, endpoint
+    if not large:
+        assert not [key for key in median if key.startswith(f"{phase}.gateway64.")]
 
 
 def test_targets_are_judged_not_asserted(results: dict[str, Any]) -> None:
