@@ -41,12 +41,12 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from admission.headroom import free_slots
-from admission.predictor import TtftFeatures, ttft_features
+from admission.predictor import TtftFeatures
 from admission.tiers import Tier
 from routing.fit import free_kv_tokens, needed_kv_tokens
 from routing.types import BackendState, FleetSnapshot, PrefixMatch
@@ -71,6 +71,9 @@ class TtftEstimator(Protocol):
     def predict_s(self, backend: BackendState, features: TtftFeatures) -> float: ...
 
     def margin_s(self, backend: BackendState) -> float: ...
+
+    def quickest(self, backends: Sequence[BackendState], uncached_tokens: Sequence[int], *,
+                 max_age_s: float, worst_queued_tokens: int = 0) -> tuple[int, float]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,17 +201,13 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
         return _overload(request, arrival_s, now_s, config, f"no healthy backend serves {what}",
                          "no_backend")
     worst_queued = max(b.num_queued_prefill_tokens for b in candidates)
-    best_s = float("inf")
-    best: BackendState = candidates[0]
-    uncached_by_backend = []
-    for b in candidates:
-        uncached = request.uncached_for(b.name, snapshot.prefix)
-        uncached_by_backend.append((b, uncached))
-        features = ttft_features(b, uncached, max_age_s=snapshot.max_age_s,
-                                 worst_queued_tokens=worst_queued)
-        predicted_s = predictor.predict_s(b, features) + predictor.margin_s(b)
-        if predicted_s < best_s:
-            best_s, best = predicted_s, b
+    prefix = snapshot.prefix
+    uncached_list = [request.uncached_for(b.name, prefix) for b in candidates]
+    uncached_by_backend = list(zip(candidates, uncached_list, strict=True))
+    best_index, best_s = predictor.quickest(candidates, uncached_list,
+                                            max_age_s=snapshot.max_age_s,
+                                            worst_queued_tokens=worst_queued)
+    best = candidates[best_index]
     expected_s = waited_s + best_s
     has_capacity = False
     for b, uncached in uncached_by_backend:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from admission.rls import Rls
@@ -171,6 +172,38 @@ class TtftPredictor:
             theta = self._seed_theta(backend)
             return max(_MIN_TTFT_S, sum(t * xi for t, xi in zip(theta, x, strict=True)))
         return max(_MIN_TTFT_S, model.predict(x))
+
+    def quickest(self, backends: Sequence[BackendState], uncached_tokens: Sequence[int], *,
+                 max_age_s: float, worst_queued_tokens: int = 0) -> tuple[int, float]:
+        """The index of the backend with the lowest ``predict_s`` + ``margin_s`` for a request
+        of ``uncached_tokens[i]`` on ``backends[i]`` (features as ``ttft_features`` takes
+        them), and that sum; the first of equals. The same figures as calling those per
+        backend, computed in one pass without a features object per backend: admission runs
+        this over every candidate of every request. ``backends`` must not be empty."""
+        models, step_tokens = self._models, self.config.step_tokens
+        best_index, best_s = 0, math.inf
+        for index, b in enumerate(backends):
+            in_flight = b.num_in_flight_prompt_tokens
+            max_batch = b.profile.max_batch
+            beyond = 0 if max_batch is None else max(0, b.num_in_flight - max_batch)
+            if b.age_s > max_age_s:
+                queued = worst_queued_tokens + in_flight
+                num_running = max(b.num_running, b.num_in_flight)
+                num_ahead = beyond
+            else:
+                queued = max(b.num_queued_prefill_tokens, in_flight)
+                num_running = b.num_running
+                num_ahead = max(b.num_waiting, beyond)
+            prefill = queued + max(0, uncached_tokens[index])
+            steps = max(1.0, prefill / step_tokens)
+            model = models.get(b.name)
+            t0, t1, t2, t3 = model.theta if model is not None else self._seed_theta(b)
+            predicted_s = max(_MIN_TTFT_S, t0 * 1.0 + t1 * (prefill / _TOKEN_SCALE)
+                              + t2 * (num_running * steps / _RUNNING_STEP_SCALE)
+                              + t3 * (num_ahead / _AHEAD_SCALE)) + self.margin_s(b.name)
+            if predicted_s < best_s:
+                best_index, best_s = index, predicted_s
+        return best_index, best_s
 
     def margin_s(self, backend: BackendState | str) -> float:
         """How much later than predicted ``backend``'s first tokens came lately: the

@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.overhead.profile", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--load", choices=sorted(LOADS), default="nonstream")
-    parser.add_argument("--endpoint", choices=("gateway", "floor"), default="gateway",
+    parser.add_argument("--endpoint", choices=("gateway", "gateway64", "floor"),
+                        default="gateway",
                         help="profile the gateway or the bare pass-through proxy")
     parser.add_argument("--duration", type=float, default=8.0, help="seconds sampled")
     parser.add_argument("--rate", type=int, default=250, help="samples per second")
@@ -92,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raw-out", type=Path, help="also keep py-spy's collapsed stacks here")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="sy-prof-") as tmp, bench_fleet(Path(tmp)) as fleet:
-        url, pid = ((fleet.gateway_url, fleet.gateway_pid) if args.endpoint == "gateway"
-                    else (fleet.floor_url, fleet.floor_pid))
+        url, pid = {"gateway": (fleet.gateway_url, fleet.gateway_pid),
+                    "gateway64": (fleet.large_url, fleet.large_pid),
+                    "floor": (fleet.floor_url, fleet.floor_pid)}[args.endpoint]
         load = subprocess.Popen([
             sys.executable, "-m", "bench.common.loadgen", "--url", url + CHAT_PATH,
             "--key", fleet.api_key, "--model", fleet.model, "--warmup", "100",

@@ -179,3 +179,37 @@ def test_margin_is_how_late_first_tokens_came_lately() -> None:
     # the 90th percentile of the last 64 (0.36..0.99 s late)
     assert predictor.margin_s("w0") == pytest.approx(0.93, abs=0.02)
     assert predictor.margin_s("other") == 0.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_quickest_is_the_per_backend_loop_in_one_pass(seed: int) -> None:
+    """``quickest`` gives exactly the index and figure of ``predict_s`` + ``margin_s`` over
+    ``ttft_features`` per backend: fitted and unseen backends, fresh and stale figures,
+    advertised prefill speeds, batch limits, and ties (the first wins)."""
+    rng = random.Random(seed)
+    predictor = TtftPredictor()
+    backends = []
+    for i in range(40):
+        profile = BackendProfile(
+            max_batch=rng.choice([None, 4, 16]),
+            prefill_tokens_per_s=rng.choice([None, 5_000.0, 20_000.0]))
+        backends.append(backend(
+            f"w{i}", profile=profile, age_s=rng.choice([0.1, 9.0]),
+            num_running=rng.randrange(20), num_waiting=rng.randrange(5),
+            num_queued_prefill_tokens=rng.randrange(8_000), num_in_flight=rng.randrange(24),
+            num_in_flight_prompt_tokens=rng.randrange(6_000)))
+    backends.append(backends[3])  # a tie with an earlier one
+    for b in backends[:25]:  # fitted models and lateness margins for some
+        for _ in range(12):
+            features = ttft_features(b, rng.randrange(3_000), max_age_s=5.0)
+            predictor.observe(b, features, rng.uniform(0.01, 0.5))
+    uncached = [rng.randrange(-10, 4_000) for _ in backends]
+    worst = max(b.num_queued_prefill_tokens for b in backends)
+    expected = [predictor.predict_s(b, ttft_features(b, u, max_age_s=5.0,
+                                                     worst_queued_tokens=worst))
+                + predictor.margin_s(b) for b, u in zip(backends, uncached, strict=True)]
+    index, best_s = predictor.quickest(backends, uncached, max_age_s=5.0,
+                                       worst_queued_tokens=worst)
+    assert best_s == min(expected)
+    assert index == expected.index(min(expected))
+    assert any(predictor.margin_s(b) > 0 for b in backends)
