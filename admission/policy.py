@@ -93,6 +93,19 @@ class AdmissionRequest:
     arrival_s: float | None = None
     max_tokens: int | None = None  # the output cap, for the KV it needs (routing.fit)
 
+    def uncached_for_each(self, backends: Sequence[BackendState], prefix: PrefixMatch
+                          ) -> list[int]:
+        """``uncached_for`` of each of ``backends``, the branch taken once."""
+        uncached = self.uncached_tokens
+        if isinstance(uncached, int):
+            return [uncached] * len(backends)
+        if uncached is not None:
+            return [uncached.get(b.name, self.prompt_tokens) for b in backends]
+        prompt, block_tokens, held = self.prompt_tokens, prefix.block_tokens, prefix.num_blocks
+        if not held:
+            return [max(0, prompt)] * len(backends)
+        return [max(0, prompt - held.get(b.name, 0) * block_tokens) for b in backends]
+
     def uncached_for(self, backend: str, prefix: PrefixMatch) -> int:
         if isinstance(self.uncached_tokens, int):
             return self.uncached_tokens
@@ -202,7 +215,7 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
                          "no_backend")
     worst_queued = max(b.num_queued_prefill_tokens for b in candidates)
     prefix = snapshot.prefix
-    uncached_list = [request.uncached_for(b.name, prefix) for b in candidates]
+    uncached_list = request.uncached_for_each(candidates, prefix)
     uncached_by_backend = list(zip(candidates, uncached_list, strict=True))
     best_index, best_s = predictor.quickest(candidates, uncached_list,
                                             max_age_s=snapshot.max_age_s,

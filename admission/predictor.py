@@ -181,8 +181,10 @@ class TtftPredictor:
         backend, computed in one pass without a features object per backend: admission runs
         this over every candidate of every request. ``backends`` must not be empty."""
         models, step_tokens = self._models, self.config.step_tokens
+        margins, num_observed = self._margins, self._num_observed
         best_index, best_s = 0, math.inf
         for index, b in enumerate(backends):
+            name = b.name
             in_flight = b.num_in_flight_prompt_tokens
             max_batch = b.profile.max_batch
             beyond = 0 if max_batch is None else max(0, b.num_in_flight - max_batch)
@@ -196,11 +198,14 @@ class TtftPredictor:
                 num_ahead = max(b.num_waiting, beyond)
             prefill = queued + max(0, uncached_tokens[index])
             steps = max(1.0, prefill / step_tokens)
-            model = models.get(b.name)
+            model = models.get(name)
             t0, t1, t2, t3 = model.theta if model is not None else self._seed_theta(b)
+            cached = margins.get(name)  # margin_s's cache, looked up here: no call per backend
+            margin_s = (cached[1] if cached is not None
+                        and num_observed.get(name, 0) - cached[0] < 16 else self.margin_s(name))
             predicted_s = max(_MIN_TTFT_S, t0 * 1.0 + t1 * (prefill / _TOKEN_SCALE)
                               + t2 * (num_running * steps / _RUNNING_STEP_SCALE)
-                              + t3 * (num_ahead / _AHEAD_SCALE)) + self.margin_s(b.name)
+                              + t3 * (num_ahead / _AHEAD_SCALE)) + margin_s
             if predicted_s < best_s:
                 best_index, best_s = index, predicted_s
         return best_index, best_s

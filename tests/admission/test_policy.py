@@ -284,3 +284,16 @@ def test_retry_after_of_an_expired_queue_wait() -> None:
     decision = reject_expired(TIERS["standard"], NOW_S - 3, NOW_S, num_queued_ahead=19,
                               slot_free_rate_per_s=5.0)
     assert decision.retry_after_s == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("uncached", [None, 700, {"w1": 300, "w3": 0}],
+                         ids=["from-the-prefix", "one-for-all", "per-backend"])
+@pytest.mark.parametrize("matched", [{}, {"w0": 3, "w2": 25}], ids=["no-prefix", "held"])
+def test_uncached_for_each_is_uncached_for_of_each(uncached: object,
+                                                   matched: dict[str, int]) -> None:
+    backends = [BackendState(name=f"w{i}", models=frozenset({"m"})) for i in range(5)]
+    prefix = PrefixMatch(matched, block_tokens=100, is_exact=True)
+    req = AdmissionRequest(tier=TIERS["standard"], tenant="t", prompt_tokens=2000,
+                           uncached_tokens=uncached)  # type: ignore[arg-type]
+    assert req.uncached_for_each(backends, prefix) == [
+        req.uncached_for(b.name, prefix) for b in backends]
