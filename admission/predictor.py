@@ -182,6 +182,7 @@ class TtftPredictor:
         this over every candidate of every request. ``backends`` must not be empty."""
         models, step_tokens = self._models, self.config.step_tokens
         margins, num_observed = self._margins, self._num_observed
+        fleet_theta = self._fleet.theta
         best_index, best_s = 0, math.inf
         for index, b in enumerate(backends):
             name = b.name
@@ -199,7 +200,16 @@ class TtftPredictor:
             prefill = queued + max(0, uncached_tokens[index])
             steps = max(1.0, prefill / step_tokens)
             model = models.get(name)
-            t0, t1, t2, t3 = model.theta if model is not None else self._seed_theta(b)
+            if model is not None:
+                t0, t1, t2, t3 = model.theta
+            else:  # _seed_theta, inlined: most of a large fleet may not have answered yet
+                t0, t1, t2, t3 = fleet_theta
+                profile = b.profile
+                advertised = profile.prefill_tokens_per_s
+                if advertised is not None and advertised > 0:
+                    t1 = _TOKEN_SCALE / advertised
+                elif profile.relative_speed != 1.0:
+                    t1 /= profile.relative_speed
             cached = margins.get(name)  # margin_s's cache, looked up here: no call per backend
             margin_s = (cached[1] if cached is not None
                         and num_observed.get(name, 0) - cached[0] < 16 else self.margin_s(name))

@@ -192,7 +192,8 @@ def test_quickest_is_the_per_backend_loop_in_one_pass(seed: int) -> None:
     for i in range(40):
         profile = BackendProfile(
             max_batch=rng.choice([None, 4, 16]),
-            prefill_tokens_per_s=rng.choice([None, 5_000.0, 20_000.0]))
+            prefill_tokens_per_s=rng.choice([None, 5_000.0, 20_000.0]),
+            relative_speed=rng.choice([1.0, 0.5, 2.0]))
         backends.append(backend(
             f"w{i}", profile=profile, age_s=rng.choice([0.1, 9.0]),
             num_running=rng.randrange(20), num_waiting=rng.randrange(5),
