@@ -180,6 +180,9 @@ class TtftPredictor:
         them), and that sum; the first of equals. The same figures as calling those per
         backend, computed in one pass without a features object per backend: admission runs
         this over every candidate of every request. ``backends`` must not be empty."""
+        # ttft_features, _vector, predict_s, _seed_theta and margin_s inlined, in the same
+        # order of float operations (tests/admission/test_predictor.py checks the figures
+        # equal); a change to one of those must be made here too.
         models, step_tokens = self._models, self.config.step_tokens
         margins, num_observed = self._margins, self._num_observed
         fleet_theta = self._fleet.theta
