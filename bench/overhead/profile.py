@@ -6,7 +6,10 @@ Needs py-spy (``.venv/bin/pip install py-spy``) and permission to ptrace the gat
     python -m bench.overhead.profile --load rate --native   # with C frames (uvloop, syscalls)
 
 Prints the top functions by own samples ("self") and by samples anywhere on the stack
-("inclusive"), as shares of all samples taken while the gateway was on the CPU.
+("inclusive"), as shares of all samples taken while the gateway was on the CPU, then the
+inclusive share of each stage of a request (``STAGES``: a sample counts for a stage when a
+frame of one of its files is on the stack). A stage's share times the bench's CPU-µs per
+request is its µs per request.
 """
 
 from __future__ import annotations
@@ -29,6 +32,23 @@ LOADS = {
     "paced": ["--mode", "closed", "--concurrency", "32", "--stream", "--max-tokens", "64",
               "--token-delay-ms", "2"],
 }
+# Stages of a request, by the files their code is in (substrings of the frames' paths): a
+# sample counts for a stage when one of its frames is on the stack, or, for a stage marked
+# "own", when the innermost frame is (aiohttp's server calls the handler: on every stack).
+STAGES = (
+    ("auth", ("gateway/auth.py",), False),
+    ("body parsing and validation", ("gateway/validation.py",), False),
+    ("quota", ("admission/quota/", "gateway/admit.py"), False),
+    ("SLO admission", ("admission/waiting_room.py", "admission/policy.py",
+                       "admission/predictor.py", "admission/finishes.py"), False),
+    ("routing", ("gateway/router.py", "routing/"), False),
+    ("upstream client", ("backends/fleet/",), False),
+    ("telemetry (metrics, traces, logs)", ("gateway/observe/", "opentelemetry/",
+                                           "prometheus_client/"), False),
+    ("usage accounting", ("gateway/usage.py",), False),
+    ("aiohttp, own frames", ("aiohttp/",), True),
+    ("asyncio and uvloop, own frames", ("asyncio/", "uvloop/"), True),
+)
 _FRAME_RE = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
 
@@ -58,6 +78,7 @@ def summarise(raw: str, top: int) -> str:
     """Top functions by self and inclusive share of py-spy's raw (collapsed) stacks."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
+    stages: Counter[str] = Counter()
     total = 0
     for line in raw.splitlines():
         stack, _, count_text = line.rpartition(" ")
@@ -71,11 +92,18 @@ def summarise(raw: str, top: int) -> str:
         own[frames[-1]] += count
         for frame in set(frames):
             inclusive[frame] += count
+        for stage, files, is_own in STAGES:
+            looked_at = frames[-1:] if is_own else frames
+            if any(name in frame for frame in looked_at for name in files):
+                stages[stage] += count
     lines = [f"{total} samples"]
     for title, counter in (("self", own), ("inclusive", inclusive)):
         lines.append(f"-- top {top} by {title} --")
         for frame, count in counter.most_common(top):
             lines.append(f"{100 * count / max(total, 1):6.1f}%  {frame}")
+    lines.append("-- stages, inclusive (a stage nested in another counts in both) --")
+    for stage, _, _ in STAGES:
+        lines.append(f"{100 * stages[stage] / max(total, 1):6.1f}%  {stage}")
     return "\n".join(lines)
 
 

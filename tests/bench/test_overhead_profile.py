@@ -1,0 +1,41 @@
+"""bench.overhead.profile's summary of py-spy's collapsed stacks: top functions and stages."""
+
+from __future__ import annotations
+
+from bench.overhead.profile import STAGES, summarise
+
+ROOT = "/work/main"
+RAW = "\n".join([
+    # a request in auth, called from aiohttp's server: auth, not aiohttp's own frames
+    f"_handle_request (/venv/site-packages/aiohttp/web_protocol.py:10);"
+    f"_handle ({ROOT}/gateway/proxy.py:60);authenticate ({ROOT}/gateway/auth.py:90) 3",
+    # admission calling into the registry: both stages count it
+    f"_handle ({ROOT}/gateway/proxy.py:60);admit ({ROOT}/admission/waiting_room.py:156);"
+    f"state ({ROOT}/backends/fleet/registry.py:170) 2",
+    # aiohttp's own frame at the top of the stack
+    "data_received (/venv/site-packages/aiohttp/web_protocol.py:300) 5",
+    "not a stack line",
+])
+
+
+def shares(text: str) -> dict[str, float]:
+    lines = text.split("-- stages")[1].splitlines()[1:]
+    return {line[8:].strip(): float(line[:6]) for line in lines}
+
+
+def test_stages_count_frames_on_the_stack_or_the_innermost_one() -> None:
+    text = summarise(RAW, top=5)
+    assert text.startswith("10 samples")
+    found = shares(text)
+    assert list(found) == [name for name, _, _ in STAGES]
+    assert found["auth"] == 30.0
+    assert found["SLO admission"] == 20.0 and found["upstream client"] == 20.0
+    assert found["aiohttp, own frames"] == 50.0  # not the 3 samples that only pass through it
+    assert found["quota"] == 0.0 and found["routing"] == 0.0
+
+
+def test_top_functions_by_self_and_inclusive() -> None:
+    text = summarise(RAW, top=2)
+    self_part = text.split("-- top 2 by self --")[1].split("-- top 2 by inclusive --")[0]
+    assert "50.0%  data_received (aiohttp/web_protocol.py)" in self_part
+    assert "30.0%  authenticate (gateway/auth.py)" in self_part
