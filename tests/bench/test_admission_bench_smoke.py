@@ -107,7 +107,8 @@ def test_cost_figures_are_present_and_finite(results: dict[str, Any], setup: str
     assert costs["gateway_cpu_us_per_request"] > 0
     # Every quota script call is an EVALSHA; concurrent ones share round trips.
     assert costs["quota_round_trips_per_request"] <= costs["evalsha_per_request"] + 1e-9
-    assert (costs["quota_round_trips_per_request"] > 0) == (costs["evalsha_per_request"] > 0.5)
+    # (a set-up without limits still sees the usage book's flushes: well under 0.05 a request)
+    assert (costs["quota_round_trips_per_request"] > 0) == (costs["evalsha_per_request"] > 0.05)
 
 
 def test_the_retry_run_is_reported(results: dict[str, Any]) -> None:
