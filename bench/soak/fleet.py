@@ -15,7 +15,6 @@ environment (e.g. glibc's ``MALLOC_*`` tunables). Example::
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -63,19 +62,9 @@ def soak_fleet(mode: Mode, workdir: Path, num_workers: int = 4, *,
         if traced_dir is not None:
             serve_argv = python_module_argv("bench.soak.traced_gateway", "serve")
             env["SOAK_TRACEMALLOC_DIR"] = str(traced_dir)
-        # LocalFleet passes its own environment on: set it for the gateway's spawn only.
-        saved = {name: os.environ.get(name) for name in env}
-        os.environ.update(env)
-        try:
-            gateway = fleet.start_gateway(gateway_settings(mode, worker_urls),
-                                          serve_argv=serve_argv, ready_path="/healthz",
-                                          ready_timeout_s=30)
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
+        gateway = fleet.start_gateway(gateway_settings(mode, worker_urls),
+                                      serve_argv=serve_argv, ready_path="/healthz",
+                                      ready_timeout_s=30, env=env)
         snapshot = wait_for_backends(gateway.url, fleet.admin_token, num_workers, mode,
                                      fleet.group)
         api_key = fleet.create_tenant_key(gateway.url, {"name": "soak", "models": [MODEL]},

@@ -147,19 +147,20 @@ class LocalFleet:
     def start_gateway(self, settings: Mapping[str, Any], *, name: str = "gateway",
                       host: str = "127.0.0.1", port: int | None = None,
                       config_name: str | None = None, serve_argv: Sequence[str] | None = None,
-                      ready_path: str = "/readyz", ready_timeout_s: float | None = 20.0
-                      ) -> GatewayProc:
+                      ready_path: str = "/readyz", ready_timeout_s: float | None = 20.0,
+                      env: dict[str, str] | None = None) -> GatewayProc:
         """A gateway process ``name`` listening on ``host:port`` (a free port by default),
         configured by the fleet's Redis, admin token and key secret plus ``settings``, written
         to ``config_name`` (default ``NAME.yaml``) in the workdir, readable by this user only.
-        It is waited for on ``ready_path`` unless ``ready_timeout_s`` is None."""
+        ``env`` adds to the environment it inherits. It is waited for on ``ready_path`` unless
+        ``ready_timeout_s`` is None."""
         port = free_port() if port is None else port
         config = {"listen": {"host": host, "port": port}, "redis_url": self.redis_url,
                   "admin_token": self.admin_token, "key_secret": self.key_secret, **settings}
         config_path = self.workdir / (config_name or f"{name}.yaml")
         _write_private(config_path, yaml.safe_dump(config, sort_keys=False))
         argv = serve_argv or python_module_argv("gateway", "serve")
-        child = self.group.spawn(name, [*argv, "--config", str(config_path)])
+        child = self.group.spawn(name, [*argv, "--config", str(config_path)], env=env)
         origin_host = "127.0.0.1" if host in _WILDCARD_HOSTS else host
         gateway = GatewayProc(f"http://{origin_host}:{port}", child.pid,
                               self.workdir / f"{name}.log")
