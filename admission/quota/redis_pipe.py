@@ -248,20 +248,19 @@ class RespScriptPipe:
             write.num_answered += 1
             if write.num_answered == len(write.units):
                 self._unanswered.popleft()
-            if isinstance(reply, ResponseError) and str(reply).startswith("NOSCRIPT"):
-                reload.append(unit)
+            if isinstance(reply, ResponseError):
+                if str(reply).startswith("NOSCRIPT"):
+                    reload.append(unit)
+                else:
+                    _answer_error(unit, str(reply))
                 continue
             try:
-                replies = split_reply(unit, reply) if not isinstance(reply, ResponseError) \
-                    else [ResponseError(str(reply))] * len(unit)
+                answers = split_reply(unit, reply)
             except ResponseError as exc:
-                replies = [exc] * len(unit)
-            for queued, answer in zip(unit, replies, strict=True):
-                if queued.future.done():
-                    continue
-                if isinstance(answer, ResponseError):
-                    queued.future.set_exception(ResponseError(str(answer)))
-                else:
+                _answer_error(unit, str(exc))
+                continue
+            for queued, answer in zip(unit, answers, strict=True):
+                if not queued.future.done():
                     queued.future.set_result(answer)
         loop = asyncio.get_running_loop()
         if reload and self._transport is not None:
@@ -393,6 +392,13 @@ def _pack_command(parts: Sequence[str | int | bytes]) -> bytes:
                 else part if isinstance(part, bytes) else b"%d" % part)
         out.append(b"$%d\r\n%b\r\n" % (len(data), data))
     return b"".join(out)
+
+
+def _answer_error(unit: list[_Call], message: str) -> None:
+    """An error reply to a command: each of its callers gets it (its own exception)."""
+    for queued in unit:
+        if not queued.future.done():
+            queued.future.set_exception(ResponseError(message))
 
 
 def _fail(calls: Sequence[_Call] | deque[_Call], exc: BaseException) -> None:
