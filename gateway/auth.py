@@ -33,6 +33,7 @@ import hmac
 import logging
 import time
 from dataclasses import dataclass
+from typing import TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -42,6 +43,7 @@ from gateway.keystore import INVALIDATION_CHANNEL
 from gateway.tenancy import ApiKey, KeyStoreLike, Tenant, is_imported_shape, parse_key
 
 log = logging.getLogger(__name__)
+V = TypeVar("V")
 
 _MALFORMED = (
     "Malformed API key. switchyard keys look like 'sy-<16 hex>-<43 characters>'; "
@@ -131,10 +133,7 @@ class Authenticator:
                 raise APIError.unauthorized(_NO_SUCH_KEY if parsed else _NO_SUCH_IMPORTED_KEY)
             entry.verified = presented
             if parsed is None:  # its digest is its cache key: remember it (a pure function)
-                digests = self._imported_digests
-                while len(digests) >= self._max_entries:
-                    del digests[next(iter(digests))]
-                digests[presented] = digest
+                _put_bounded(self._imported_digests, presented, digest, self._max_entries)
         if key.is_revoked():
             raise APIError.unauthorized("This API key has been revoked.", code="revoked_api_key")
         if key.is_expired(time.time()):
@@ -175,11 +174,7 @@ class Authenticator:
         finally:
             self._inflight.pop(cache_key, None)
         entry = _Entry(key=key, tenant=tenant, fetched_at=time.monotonic())
-        cache = self._cache
-        cache.pop(cache_key, None)
-        while len(cache) >= self._max_entries:
-            del cache[next(iter(cache))]  # the oldest fetched
-        cache[cache_key] = entry
+        _put_bounded(self._cache, cache_key, entry, self._max_entries)
         future.set_result(entry)
         return entry
 
@@ -218,3 +213,12 @@ class Authenticator:
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, 2.0)
+
+
+def _put_bounded(mapping: dict[str, V], key: str, value: V, max_entries: int) -> None:
+    """Store ``value`` as the newest entry of ``mapping``, dropping the oldest beyond
+    ``max_entries`` (dicts keep insertion order)."""
+    mapping.pop(key, None)
+    while len(mapping) >= max_entries:
+        del mapping[next(iter(mapping))]
+    mapping[key] = value
