@@ -194,7 +194,8 @@ def fleet_free_slots(snapshot: FleetSnapshot, config: PolicyConfig = DEFAULT_POL
 def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEstimator,
            now_s: float, *, config: PolicyConfig = DEFAULT_POLICY,
            num_queued_ahead: int = 0, reserved_slots: int = 0,
-           slot_free_rate_per_s: float = 0.0) -> Decision:
+           slot_free_rate_per_s: float = 0.0,
+           shortlist: Sequence[BackendState] | None = None) -> Decision:
     """Admit, queue or reject ``request``; see the module docstring. O(backends).
 
     ``reserved_slots``: free batch slots this request must leave to higher tiers
@@ -203,7 +204,12 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
     requests that then miss. ``slot_free_rate_per_s``: how often requests end in the fleet
     lately; a refusal's ``Retry-After`` is the time until the requests ahead of this one
     (queued and reserved) and this one could have started at that rate, or until the backlog
-    has drained below the target, whichever is later."""
+    has drained below the target, whichever is later.
+
+    ``shortlist``: the backends routing scored for this request (``Router.route``: the ones
+    it can go to, a large fleet's shortlist); TTFTs are predicted over those alone, so a
+    decision costs O(shortlist) predictions, not O(fleet), and judges where the request can
+    actually start. Capacity is still the whole fleet's. None or empty: every candidate."""
     tier = request.tier
     arrival_s = now_s if request.arrival_s is None else request.arrival_s
     waited_s = max(0.0, now_s - arrival_s)
@@ -213,22 +219,33 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
         what = f"model {request.model!r}" if request.model else "this request"
         return _overload(request, arrival_s, now_s, config, f"no healthy backend serves {what}",
                          "no_backend")
-    worst_queued = max(b.num_queued_prefill_tokens for b in candidates)
+    predicted = candidates
+    if shortlist:
+        predicted = [b for b in shortlist
+                     if b.is_healthy and (request.model is None or request.model in b.models)
+                     ] or candidates
+    worst_queued = max(b.num_queued_prefill_tokens for b in predicted)
     prefix = snapshot.prefix
-    uncached_list = request.uncached_for_each(candidates, prefix)
-    uncached_by_backend = list(zip(candidates, uncached_list, strict=True))
-    best_index, best_s = predictor.quickest(candidates, uncached_list,
+    uncached_list = request.uncached_for_each(predicted, prefix)
+    uncached_by_backend = list(zip(predicted, uncached_list, strict=True))
+    best_index, best_s = predictor.quickest(predicted, uncached_list,
                                             max_age_s=snapshot.max_age_s,
                                             worst_queued_tokens=worst_queued)
-    best = candidates[best_index]
+    best = predicted[best_index]
     expected_s = waited_s + best_s
-    has_capacity = False
-    for b, uncached in uncached_by_backend:
-        needed = needed_kv_tokens(uncached, 0, request.max_tokens)
-        if backend_has_capacity(b, max_age_s=snapshot.max_age_s, config=config,
-                                needed_kv_tokens=needed):
-            has_capacity = True
-            break
+    max_age_s, max_tokens = snapshot.max_age_s, request.max_tokens
+    has_capacity = any(
+        backend_has_capacity(b, max_age_s=max_age_s, config=config,
+                             needed_kv_tokens=needed_kv_tokens(uncached, 0, max_tokens))
+        for b, uncached in uncached_by_backend)
+    if not has_capacity and predicted is not candidates:
+        # Room elsewhere in the fleet still counts: the dispatcher would start it there.
+        scored = {b.name for b in predicted}
+        has_capacity = any(
+            backend_has_capacity(b, max_age_s=max_age_s, config=config,
+                                 needed_kv_tokens=needed_kv_tokens(
+                                     request.uncached_for(b.name, prefix), 0, max_tokens))
+            for b in candidates if b.name not in scored)
     held_for_higher = False
     if has_capacity and reserved_slots > 0:
         room = fleet_free_slots(snapshot, config, request.model)

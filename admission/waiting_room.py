@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -54,7 +54,7 @@ from admission.predictor import TtftPredictor, snapshot_features
 from admission.retry_book import RetryBook, retry_key
 from admission.sfq import charge_of
 from admission.tiers import Tier, TierConfig, resolve_tier, tier_table
-from routing.types import FleetSnapshot, RouteRequest
+from routing.types import BackendState, FleetSnapshot, RouteRequest
 
 log = logging.getLogger(__name__)
 _ENDS = "all"  # the one key of SloAdmission.ends
@@ -69,6 +69,12 @@ class FleetView(Protocol):
 
     def num_running_reported(self, backend: str) -> int | None:
         """What the engine last reported running (None: no such backend)."""
+        ...
+
+    def route(self, plan: Admissible, snapshot: FleetSnapshot, now_s: float
+              ) -> Sequence[BackendState]:
+        """Routing's decision for ``plan`` on ``snapshot``, kept for when it goes upstream;
+        the backends it scored (admission predicts over those)."""
         ...
 
 
@@ -177,7 +183,8 @@ class SloAdmission:
                                    prompt_tokens=route.num_prompt_tokens, model=route.model,
                                    arrival_s=now_s, max_tokens=route.max_tokens)
         self.arrivals.arrived(tier.name, now_s)
-        decision = decide(request, snapshot, self.predictor, now_s,
+        shortlist = self.fleet.route(plan, snapshot, now_s)
+        decision = decide(request, snapshot, self.predictor, now_s, shortlist=shortlist,
                           num_queued_ahead=self.queue.num_ahead(tier) if len(self.queue) else 0,
                           reserved_slots=self.reserved_slots(tier, snapshot, now_s, route.model)
                           + self.owed_slots_below(tier, snapshot),

@@ -40,11 +40,13 @@ from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex
 from routing.prefix import char_block_hashes, token_block_hashes
 from routing.profile import SchedulingProfile
-from routing.scheduler import schedule
-from routing.types import FleetSnapshot, PrefixMatch, Ranked, RouteRequest
+from routing.scheduler import schedule_scored
+from routing.types import BackendState, FleetSnapshot, PrefixMatch, Ranked, RouteRequest
 
 _IM_START = "<|im_start|>"
 SNAPSHOT_REUSE_S = 0.05  # the oldest reference time a snapshot is taken for
+SNAPSHOT_FRESH_S = 0.002  # routing reuses admission's snapshot (and ranking) this long
+MAX_RANKED = 2  # the pick and one retry: what the proxy tries
 BROKEN_WARN_EVERY_S = 300.0  # "prefix affinity is not working" at most this often per backend
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,10 @@ class RoutePlan:
     claim_age_s: float | None = None
     sent_s: float = 0.0  # set by started: when it went upstream (monotonic)
     is_ending: bool = False  # set by nearly_done: its stream is on its last step
+    # Set by ``Router.route`` (SLO admission decides on the same ranking): ``rank`` hands it
+    # out while the snapshot is fresh instead of deciding again.
+    ranked: list[tuple[Backend, Ranked]] | None = None
+    ranked_on: FleetSnapshot | None = None  # the snapshot it was decided on
 
 
 # What routing reads of a prompt: its first MAX_PREFIX_BLOCKS blocks (a match deeper than
@@ -268,27 +274,51 @@ class Router:
         return FleetSnapshot(now_s=reference_s, backends=tuple(
             [b.state(reference_s) for b in self.registry.backends]), max_age_s=self.max_age_s)
 
-    def rank(self, plan: RoutePlan, max_ranked: int = 2) -> list[tuple[Backend, Ranked]]:
-        """The backends to try, best first, each with its score, reasons and expected hit."""
-        request = plan.request
-        pool = self.registry.for_model(request.model)
-        if not pool:
-            return []
+    def rank(self, plan: RoutePlan, max_ranked: int = MAX_RANKED) -> list[tuple[Backend, Ranked]]:
+        """The backends to try, best first, each with its score, reasons and expected hit:
+        the ranking SLO admission decided on (``route``) while its snapshot is fresh, else a
+        decision now."""
         now_s = self._clock()
+        ranked = plan.ranked
+        plan.ranked = None  # handed out once: a later call decides on the fleet of its time
+        if (ranked is not None and max_ranked <= MAX_RANKED and plan.ranked_on is plan.snapshot
+                and now_s - plan.snapshot_taken_s <= SNAPSHOT_FRESH_S):
+            return ranked[:max_ranked]
+        request = plan.request
+        if not self.registry.for_model(request.model):
+            return []
         snapshot = plan.snapshot  # admission's, when it decided just now
-        if snapshot is None or now_s - plan.snapshot_taken_s > 0.002:
+        if snapshot is None or now_s - plan.snapshot_taken_s > SNAPSHOT_FRESH_S:
             snapshot = self.snapshot(request, now_s)
             plan.snapshot = snapshot
             plan.snapshot_taken_s = now_s
-        ranked = schedule(request, _with_free_slots(snapshot) if plan.needs_free_slot
-                          else snapshot, self.profile, now_s, self._rng, max_ranked=max_ranked)
-        by_name = {b.name: b for b in pool}
+        return self._decide(plan, snapshot, now_s, max_ranked)[0]
+
+    def route(self, plan: object, snapshot: FleetSnapshot, now_s: float
+              ) -> list[BackendState]:
+        """Decide where ``plan`` goes on ``snapshot`` (SLO admission's, taken at ``now_s``)
+        and keep the ranking for ``rank``; return the backends the decision scored (the
+        shortlist's survivors in a large fleet), over which admission predicts TTFTs: one
+        decision for both, not one each."""
+        assert isinstance(plan, RoutePlan)
+        plan.snapshot, plan.snapshot_taken_s, plan.ranked_on = snapshot, now_s, snapshot
+        plan.ranked, scored = self._decide(plan, snapshot, now_s, MAX_RANKED)
+        return scored
+
+    def _decide(self, plan: RoutePlan, snapshot: FleetSnapshot, now_s: float, max_ranked: int
+                ) -> tuple[list[tuple[Backend, Ranked]], list[BackendState]]:
+        request = plan.request
+        ranked, scored = schedule_scored(
+            request, _with_free_slots(snapshot) if plan.needs_free_slot else snapshot,
+            self.profile, now_s, self._rng, max_ranked=max_ranked)
         if log.isEnabledFor(logging.DEBUG) and ranked:
             best = ranked[0]
             log.debug("route %s -> %s score=%.3f expected_cached=%d reasons=%s",
                       request.model, best.backend, best.score, best.expected_cached_tokens,
                       best.reasons)
-        return [(by_name[r.backend], r) for r in ranked if r.backend in by_name]
+        get = self.registry.get
+        pairs = [(backend, r) for r in ranked if (backend := get(r.backend)) is not None]
+        return pairs, scored
 
     def _match(self, request: RouteRequest, now_s: float) -> PrefixMatch:
         if request.block_hashes:

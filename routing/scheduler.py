@@ -42,6 +42,16 @@ def schedule(request: RouteRequest, snapshot: FleetSnapshot, profile: Scheduling
     ``max_ranked`` keeps only that many (the pick and the best retries); building a Ranked
     for every one of a large fleet is most of a decision's cost.
     """
+    return schedule_scored(request, snapshot, profile, now_s, rng, max_ranked=max_ranked)[0]
+
+
+def schedule_scored(request: RouteRequest, snapshot: FleetSnapshot, profile: SchedulingProfile,
+                    now_s: float, rng: Random, *, max_ranked: int | None = None
+                    ) -> tuple[list[Ranked], list[BackendState]]:
+    """``schedule``'s list, and the backends it scored: every filter's survivors, over the
+    shortlist when it decided (empty when no backend can take the request). SLO admission
+    predicts TTFTs over those alone (``admission.policy.decide``'s ``shortlist``): the backends
+    this request can go to, not the whole fleet."""
     if max_ranked is not None and max_ranked < 1:
         raise ValueError(f"max_ranked must be >= 1 or None, got {max_ranked}")
     cycle = Cycle(request, snapshot, now_s)
@@ -52,7 +62,7 @@ def schedule(request: RouteRequest, snapshot: FleetSnapshot, profile: Scheduling
     if candidates is None:
         candidates = _filtered(profile, cycle, list(snapshot.backends), strict=False)
     if not candidates:
-        return []
+        return [], []
     num_candidates = len(candidates)
     totals = [0.0] * num_candidates
     columns: list[tuple[str, list[float]]] = []
@@ -91,7 +101,7 @@ def schedule(request: RouteRequest, snapshot: FleetSnapshot, profile: Scheduling
         _set_expected_cached_tokens(
             item, num_cached if num_cached < num_prompt_tokens else num_prompt_tokens)
         ranked.append(item)
-    return ranked
+    return ranked, candidates
 
 
 def _filtered(profile: SchedulingProfile, cycle: Cycle, candidates: list[BackendState], *,

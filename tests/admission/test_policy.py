@@ -297,3 +297,33 @@ def test_uncached_for_each_is_uncached_for_of_each(uncached: object,
                            uncached_tokens=uncached)  # type: ignore[arg-type]
     assert req.uncached_for_each(backends, prefix) == [
         req.uncached_for(b.name, prefix) for b in backends]
+
+
+def test_predictions_are_over_the_shortlist_routing_scored() -> None:
+    """With ``shortlist`` (the backends routing can send the request to), the quickest is
+    judged among them: an idle backend routing dropped does not make a backlogged pick look
+    quick, so a request routing would send to a 2.12 s queue is not admitted on 0.12 s."""
+    busy = backend("w0", num_queued_prefill_tokens=20_000)
+    snap = snapshot(busy, backend("w1"))
+    whole = decide(request("interactive"), snap, TtftPredictor(), NOW_S)
+    assert (whole.action, whole.backend) == ("admit", "w1")
+    judged = decide(request("interactive"), snap, TtftPredictor(), NOW_S, shortlist=[busy])
+    assert (judged.action, judged.code, judged.backend) == ("reject", "slo_miss", "w0")
+    assert judged.predicted_ttft_s == pytest.approx(2.12)
+    # None or empty, or only backends that cannot serve it: every candidate, as before.
+    for shortlist in (None, [], [backend("x", models=frozenset({"other"}))]):
+        assert decide(request("interactive"), snap, TtftPredictor(), NOW_S,
+                      shortlist=shortlist) == whole
+
+
+def test_capacity_outside_the_shortlist_still_counts() -> None:
+    """Saturation is the fleet's: a shortlist of full backends with room elsewhere is not a
+    saturated fleet (the dispatcher would start the request there), so a standard request
+    whose prediction meets its SLO is admitted, not queued as saturated."""
+    full = backend("w0", num_waiting=3)
+    snap = snapshot(full, backend("w1"))
+    decision = decide(request("standard"), snap, TtftPredictor(), NOW_S, shortlist=[full])
+    assert (decision.action, decision.backend) == ("admit", "w0")
+    only_full = snapshot(full, backend("w1", num_waiting=3))
+    assert decide(request("standard"), only_full, TtftPredictor(), NOW_S,
+                  shortlist=[full]).code == "saturated"

@@ -7,9 +7,10 @@ from __future__ import annotations
 import random
 
 from backends.fleet.registry import Backend, BackendRegistry
-from gateway.router import SNAPSHOT_REUSE_S, RoutePlan, Router
+from gateway.router import SNAPSHOT_FRESH_S, SNAPSHOT_REUSE_S, RoutePlan, Router
 from routing import ApproxPrefixIndex, ExactPrefixIndex, profile_by_name, schedule
 from routing.plugin import Cycle
+from routing.profile import build_profile
 from routing.types import RouteRequest
 
 MODEL = "m"
@@ -87,3 +88,43 @@ def test_the_router_keeps_time_by_the_clocks_it_is_given() -> None:
     assert backend.num_started_since_load == 1  # sent at 7 s, before the 8 s figures
     router.finished(backend, plan, had_first_token=True)
     assert (backend.num_in_flight, backend.num_finished_since_load) == (0, 1)
+
+
+def test_admission_and_routing_take_one_decision() -> None:
+    """``route`` (SLO admission's call) decides on admission's snapshot and keeps the ranking;
+    ``rank`` hands that same ranking out once while the snapshot is fresh, and decides again
+    for a later call, a snapshot taken since (a queued request's dispatch) or an old one."""
+    now = {"s": 100.0}
+    router, backends = fleet(4, observed_s=99.9)
+    router._clock = lambda: now["s"]
+    plan = RoutePlan(request(), reserved_tokens=200)
+    snapshot = router.snapshot(plan.request, now["s"])
+    scored = router.route(plan, snapshot, now["s"])
+    assert [b.name for b in scored] == ["w0", "w1", "w2", "w3"], "a small fleet: all of it"
+    kept = plan.ranked
+    assert kept is not None and len(kept) == 2 and kept[0][0] in backends
+    first = router.rank(plan)
+    assert [id(r) for _, r in first] == [id(r) for _, r in kept], "the same decision"
+    again = router.rank(plan)
+    assert [r.backend for _, r in again] and not any(
+        a is b for (_, a), (_, b) in zip(again, kept, strict=False)), "decided again"
+    for change in ("snapshot", "age"):
+        router.route(plan, snapshot, now["s"])
+        if change == "snapshot":
+            plan.snapshot = router.snapshot(plan.request, now["s"])
+        else:
+            now["s"] += SNAPSHOT_FRESH_S * 2
+        ranked = router.rank(plan)
+        assert not any(a is b for (_, a), (_, b) in zip(ranked, kept, strict=False)), change
+
+
+def test_in_a_large_fleet_admission_predicts_over_the_shortlist() -> None:
+    router, _ = fleet(64, observed_s=99.9)
+    router.profile = build_profile(
+        {"scorers": [{"type": "queue"}], "shortlist": {"above": 16, "sampled": 8}}, "big")
+    plan = RoutePlan(request(), reserved_tokens=200)
+    snapshot = router.snapshot(plan.request, 100.0)
+    scored = router.route(plan, snapshot, 100.0)
+    assert 1 <= len(scored) <= 8 and {b.name for b in scored} <= {b.name for b in
+                                                                   snapshot.backends}
+    assert plan.ranked is not None and plan.ranked[0][1].backend in {b.name for b in scored}
