@@ -35,6 +35,7 @@ from bench.common.paths import RESULTS_DIR
 from bench.common.report import judge, machine, markdown_table, text_table, write_results
 from bench.common.stats import median
 from bench.overhead.fleet import CHAT_PATH, BenchFleet, bench_fleet
+from bench.overhead.profile import LOADS, STAGES, record, stage_shares
 
 Figures = dict[str, float]
 
@@ -194,6 +195,46 @@ def measure_run(fleet: BenchFleet, plan: Plan) -> Figures:
     return figures
 
 
+# Where the CPU goes, per stage (bench.overhead.profile.STAGES): each process and load below is
+# profiled with py-spy after the measured runs, and each stage's share of the samples times
+# the run's median CPU per request (a paced stream: per stream) is its µs per request.
+STAGE_PROFILES = (("gateway", "nonstream"), ("gateway64", "nonstream"), ("floor", "nonstream"),
+                  ("gateway", "paced"), ("gateway64", "paced"), ("floor", "paced"))
+_STAGE_PHASE = {"nonstream": "nonstream", "paced": "paced_stream"}
+
+
+def measure_stages(fleet: BenchFleet, summary: Figures, duration_s: float) -> Figures:
+    """``stages.<load>.<endpoint>.<stage>`` µs per request (see ``STAGE_PROFILES``), and each
+    profile's sample count, for ``summary`` (the medians) of the same fleet."""
+    urls = {"gateway": (fleet.gateway_url, fleet.gateway_pid),
+            "gateway64": (fleet.large_url, fleet.large_pid),
+            "floor": (fleet.floor_url, fleet.floor_pid)}
+    out: Figures = {}
+    for target, load in STAGE_PROFILES:
+        url, pid = urls[target]
+        raw = record(url, pid, fleet.api_key, fleet.model, LOADS[load], duration_s=duration_s)
+        per_request = summary[f"{_STAGE_PHASE[load]}.{target}.proxy_cpu_us_per_request"]
+        for stage, share in stage_shares(raw).items():
+            out[f"stages.{load}.{target}.{stage}"] = share * per_request
+        out[f"stages.{load}.{target}.total"] = per_request
+    return out
+
+
+def stages_table(figures: Figures) -> str:
+    """The per-stage µs per request as a Markdown table: a column per profile."""
+    columns = [(target, load) for target, load in STAGE_PROFILES
+               if f"stages.{load}.{target}.total" in figures]
+    names = {"gateway": "gateway, 4 backends", "gateway64": "gateway, 64 backends",
+             "floor": "bare proxy"}
+    loads = {"nonstream": "non-streaming", "paced": "paced stream"}
+    head = ["stage (µs per request)"] + [f"{names[t]}, {loads[load]}" for t, load in columns]
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * len(columns)]
+    for stage in [*(name for name, _, _ in STAGES), "total"]:
+        cells = [f"{figures[f'stages.{load}.{t}.{stage}']:,.0f}" for t, load in columns]
+        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def medians(runs: list[Figures]) -> Figures:
     return {key: median([run[key] for run in runs]) for key in runs[0]}
 
@@ -205,6 +246,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs", type=int, help="repeats; medians are reported (default 3)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
+    parser.add_argument("--no-stages", action="store_true",
+                        help="skip the per-stage py-spy profiles after the runs")
+    parser.add_argument("--stage-seconds", type=float, default=6.0,
+                        help="seconds each per-stage profile samples")
     return parser
 
 
@@ -221,7 +266,13 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(measure_run(fleet, plan))
             print(f"run {index + 1}/{plan.runs} done ({time.time() - started:.0f} s)",
                   file=sys.stderr, flush=True)
-    summary = medians(runs)
+        summary = medians(runs)
+        stages_note = ""
+        if not (args.no_stages or args.quick):
+            try:
+                summary.update(measure_stages(fleet, summary, args.stage_seconds))
+            except (SystemExit, subprocess.SubprocessError, OSError) as exc:
+                stages_note = f"NOTE  no per-stage profiles: {exc}"
     targets = judge(summary)
     print(text_table(summary, plan.runs))
     for target in targets:
@@ -234,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
               "the machine was shared, so CPU and latency figures are inflated.")
     if args.markdown:
         print(markdown_table(summary))
+    if any(key.startswith("stages.") for key in summary):
+        print(stages_table(summary))
+    elif stages_note:
+        print(stages_note)
     path = write_results(args.results_dir, {
         "benchmark": "overhead", "issue": 2,
         "command": " ".join(["python -m bench.overhead", *(argv or sys.argv[1:])]),

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.overhead.fleet import CHAT_PATH, bench_fleet
@@ -74,11 +75,54 @@ def _short(frame: str) -> str:
     return f"{match['func']} ({path})"
 
 
+def stage_shares(raw: str) -> dict[str, float]:
+    """Each stage's inclusive share (0..1) of py-spy's raw stacks (``STAGES``)."""
+    stages: Counter[str] = Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [f for f in stack.split(";") if f]
+        if not frames:
+            continue
+        total += count
+        for stage, files, is_own in STAGES:
+            looked_at = frames[-1:] if is_own else frames
+            if any(name in frame for frame in looked_at for name in files):
+                stages[stage] += count
+    return {stage: stages[stage] / total if total else 0.0 for stage, _, _ in STAGES}
+
+
+def record(url: str, pid: int, api_key: str, model: str, load: Sequence[str], *,
+           duration_s: float, rate: int = 250, native: bool = False) -> str:
+    """py-spy's raw stacks of process ``pid`` for ``duration_s`` while ``bench.common.loadgen``
+    drives ``load`` at ``url``'s chat endpoint."""
+    with tempfile.TemporaryDirectory(prefix="sy-prof-") as tmp:
+        loadgen = subprocess.Popen([
+            sys.executable, "-m", "bench.common.loadgen", "--url", url + CHAT_PATH,
+            "--key", api_key, "--model", model, "--warmup", "100",
+            "--duration", str(duration_s + 3), *load,
+        ], stdout=subprocess.DEVNULL)
+        raw_path = Path(tmp) / "stacks.txt"
+        spy = [_py_spy(), "record", "--pid", str(pid), "--format", "raw",
+               "--output", str(raw_path), "--duration", str(max(1, int(duration_s))),
+               "--rate", str(rate), "--nonblocking"]
+        if native:
+            spy.append("--native")
+        try:
+            subprocess.run(spy, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           timeout=duration_s + 60)
+        finally:
+            loadgen.wait(timeout=duration_s + 60)
+        return raw_path.read_text()
+
+
 def summarise(raw: str, top: int) -> str:
     """Top functions by self and inclusive share of py-spy's raw (collapsed) stacks."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
-    stages: Counter[str] = Counter()
     total = 0
     for line in raw.splitlines():
         stack, _, count_text = line.rpartition(" ")
@@ -92,18 +136,14 @@ def summarise(raw: str, top: int) -> str:
         own[frames[-1]] += count
         for frame in set(frames):
             inclusive[frame] += count
-        for stage, files, is_own in STAGES:
-            looked_at = frames[-1:] if is_own else frames
-            if any(name in frame for frame in looked_at for name in files):
-                stages[stage] += count
     lines = [f"{total} samples"]
     for title, counter in (("self", own), ("inclusive", inclusive)):
         lines.append(f"-- top {top} by {title} --")
         for frame, count in counter.most_common(top):
             lines.append(f"{100 * count / max(total, 1):6.1f}%  {frame}")
     lines.append("-- stages, inclusive (a stage nested in another counts in both) --")
-    for stage, _, _ in STAGES:
-        lines.append(f"{100 * stages[stage] / max(total, 1):6.1f}%  {stage}")
+    for stage, share in stage_shares(raw).items():
+        lines.append(f"{100 * share:6.1f}%  {stage}")
     return "\n".join(lines)
 
 
@@ -124,22 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         url, pid = {"gateway": (fleet.gateway_url, fleet.gateway_pid),
                     "gateway64": (fleet.large_url, fleet.large_pid),
                     "floor": (fleet.floor_url, fleet.floor_pid)}[args.endpoint]
-        load = subprocess.Popen([
-            sys.executable, "-m", "bench.common.loadgen", "--url", url + CHAT_PATH,
-            "--key", fleet.api_key, "--model", fleet.model, "--warmup", "100",
-            "--duration", str(args.duration + 3), *LOADS[args.load],
-        ], stdout=subprocess.DEVNULL)
-        raw_path = Path(tmp) / "stacks.txt"
-        spy = [_py_spy(), "record", "--pid", str(pid), "--format", "raw",
-               "--output", str(raw_path), "--duration", str(int(args.duration)),
-               "--rate", str(args.rate), "--nonblocking"]
-        if args.native:
-            spy.append("--native")
-        try:
-            subprocess.run(spy, check=True, stdout=subprocess.DEVNULL, timeout=args.duration + 60)
-        finally:
-            load.wait(timeout=args.duration + 60)
-        raw = raw_path.read_text()
+        raw = record(url, pid, fleet.api_key, fleet.model, LOADS[args.load],
+                     duration_s=args.duration, rate=args.rate, native=args.native)
     if args.raw_out:
         args.raw_out.write_text(raw)
     print(f"{args.endpoint} profile, load {args.load!r}:")

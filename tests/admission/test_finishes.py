@@ -123,3 +123,24 @@ async def test_an_end_without_a_first_token_records_nothing(
     assert admission.finishes.num_after("w0", 0.0) == 0
     await asyncio.create_task(stream_ends_on(admission, "w0"))
     assert admission.finishes.num_after("w0", 0.0) == 1
+
+
+def test_a_correction_is_worked_out_per_change_not_per_request() -> None:
+    """The same state object and no new end: the cached correction (the same object) is
+    used; a new end or a new state (a heartbeat) works it out again, with the right count."""
+    finishes = RecentFinishes()
+    finishes.record("w0", NOW_S - 0.1)
+    state = backend(age_s=0.3, num_running=4)
+    snapshot = FleetSnapshot(now_s=NOW_S, backends=(state,), prefix=PrefixMatch(), max_age_s=5.0)
+    reported = {"w0": 4}.get
+    first = finishes.correct(snapshot, reported).backends[0]
+    assert first.num_running == 3 and finishes.num_worked_out == 1
+    again = finishes.correct(FleetSnapshot(now_s=NOW_S, backends=(state,)), reported)
+    assert again.backends[0] is first and finishes.num_worked_out == 1
+    finishes.record("w0", NOW_S - 0.05)
+    assert finishes.correct(snapshot, reported).backends[0].num_running == 2
+    assert finishes.num_worked_out == 2
+    newer = backend(age_s=0.01, num_running=4)  # a heartbeat after both ends
+    assert finishes.correct(FleetSnapshot(now_s=NOW_S, backends=(newer,)), reported
+                            ).backends[0] is newer
+    assert finishes.num_worked_out == 3

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bench.overhead.profile import STAGES, summarise
+from bench.overhead.bench import STAGE_PROFILES, stages_table
+from bench.overhead.profile import STAGES, stage_shares, summarise
 
 ROOT = "/work/main"
 RAW = "\n".join([
@@ -39,3 +40,18 @@ def test_top_functions_by_self_and_inclusive() -> None:
     self_part = text.split("-- top 2 by self --")[1].split("-- top 2 by inclusive --")[0]
     assert "50.0%  data_received (aiohttp/web_protocol.py)" in self_part
     assert "30.0%  authenticate (gateway/auth.py)" in self_part
+
+
+def test_stage_shares_and_the_stage_table() -> None:
+    """Shares are of all samples; the bench's table is each share times the profile's
+    median CPU per request, a column per profile taken."""
+    found = stage_shares(RAW)
+    assert found["auth"] == 0.3 and found["aiohttp, own frames"] == 0.5
+    assert stage_shares("") == {name: 0.0 for name, _, _ in STAGES}
+    figures = {f"stages.nonstream.gateway.{name}": 200 * share for name, share in found.items()}
+    figures["stages.nonstream.gateway.total"] = 200.0
+    table = stages_table(figures).splitlines()
+    assert table[0] == "| stage (µs per request) | gateway, 4 backends, non-streaming |"
+    assert "| auth | 60 |" in table and "| total | 200 |" in table
+    assert len(table) == 2 + len(STAGES) + 1
+    assert ("gateway", "nonstream") in STAGE_PROFILES
