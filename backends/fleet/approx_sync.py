@@ -8,6 +8,12 @@ agree on who holds what within about one flush interval plus a read. A replica t
 reads the last ``ttl_s`` of the stream first (stream ids are millisecond timestamps), so it
 catches up with no extra state. The stream is trimmed to about ``stream_maxlen`` entries.
 
+A decision the others already heard is not sent again: the same prompt prefix (its last block
+hash, which the chain makes stand for the whole prefix) sent to the same backend within
+``republish_s`` (0.25 s, a quarter of the shortest claim lifetime ``MIN_TTL_S``) is dropped, so
+a hot prompt costs Redis a few stream entries a second, not one per request; the others' claim
+on it is at most that much older than this replica's.
+
 Example::
 
     sync = ApproxIndexSync(redis, router.approx_index, replica_id="gw-1", ttl_s=600)
@@ -27,11 +33,12 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from backends.publisher import pack_hashes, unpack_hashes
-from routing.index_approx import ApproxPrefixIndex
+from routing.index_approx import MIN_TTL_S, ApproxPrefixIndex
 
 log = logging.getLogger(__name__)
 
 APPROX_STREAM = "sy:approx"
+MAX_REMEMBERED = 65_536  # (prefix, backend) pairs whose last send is remembered
 
 
 class ApproxIndexSync:
@@ -44,6 +51,7 @@ class ApproxIndexSync:
         ttl_s: float,
         flush_interval_s: float = 0.1,
         stream_maxlen: int = 200_000,
+        republish_s: float = MIN_TTL_S / 4,
     ) -> None:
         self._redis = redis
         self._index = index
@@ -53,10 +61,25 @@ class ApproxIndexSync:
         self._stream_maxlen = stream_maxlen
         self._pending: list[tuple[tuple[int, ...], str, float]] = []
         self._last_id: bytes | str = "$"
+        self._republish_s = republish_s
+        self._published: dict[tuple[int, str], float] = {}  # (last hash, backend) -> when
         self.num_merged = 0
+        self.num_unsent = 0  # decisions not sent: the same prefix and backend, just sent
 
     def record(self, char_hashes: tuple[int, ...], backend: str, recorded_s: float) -> None:
-        """Queue a local decision for the other replicas; never blocks."""
+        """Queue a local decision for the other replicas, unless the same one went within
+        ``republish_s``; never blocks."""
+        if not char_hashes:
+            return
+        key = (char_hashes[-1], backend)
+        published = self._published
+        last_s = published.get(key)
+        if last_s is not None and 0.0 <= recorded_s - last_s < self._republish_s:
+            self.num_unsent += 1
+            return
+        if len(published) >= MAX_REMEMBERED:
+            published.clear()  # forgetting costs one extra entry per prefix, nothing else
+        published[key] = recorded_s
         self._pending.append((char_hashes, backend, recorded_s))
 
     async def catch_up(self) -> None:

@@ -74,3 +74,25 @@ async def test_expired_claims_are_not_caught_up(redis: aioredis.Redis) -> None:
     late = ApproxPrefixIndex(ttl_s=60)
     await ApproxIndexSync(redis, late, "gw-2", ttl_s=60).catch_up()
     assert late.match(chain, time.time()).num_blocks == {}
+
+
+async def test_a_decision_just_sent_is_not_sent_again(redis: aioredis.Redis) -> None:
+    """The same prefix to the same backend within republish_s adds no stream entry; another
+    backend, another prefix, or the same one later does."""
+    chain = tuple(char_block_hashes("a hot system prompt " * 20, 64, "m"))
+    other = tuple(char_block_hashes("another prompt entirely " * 20, 64, "m"))
+    sync = ApproxIndexSync(redis, ApproxPrefixIndex(ttl_s=60), "gw-1", ttl_s=60,
+                           republish_s=0.25)
+    now_s = time.time()
+    for offset_s in (0.0, 0.1, 0.2):
+        sync.record(chain, "w0", now_s + offset_s)
+    sync.record(chain, "w1", now_s + 0.2)
+    sync.record(other, "w0", now_s + 0.2)
+    sync.record(chain, "w0", now_s + 0.3)  # 0.3 s after the first send: sent again
+    sync.record((), "w0", now_s)  # a prompt shorter than a block: nothing to share
+    await sync.flush()
+    entries = await redis.xrange(APPROX_STREAM)
+    assert [(e[b"b"], float(e[b"t"]) - now_s) for _, e in entries] == [
+        (b"w0", pytest.approx(0.0, abs=1e-3)), (b"w1", pytest.approx(0.2, abs=1e-3)),
+        (b"w0", pytest.approx(0.2, abs=1e-3)), (b"w0", pytest.approx(0.3, abs=1e-3))]
+    assert sync.num_unsent == 2
