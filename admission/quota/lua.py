@@ -1,5 +1,5 @@
-"""The quota store's Lua script: acquire, settle, renew, cancel (schema and algorithm in
-docs/redis.md).
+"""The quota store's Lua script: acquire, settle, and a replica's lease count (schema and
+algorithm in docs/redis.md).
 
 Kept as Python strings rather than ``.lua`` files so they ship inside any wheel without
 package-data configuration. Each script touches only its KEYS, which share one tenant's hash tag,
@@ -33,26 +33,25 @@ local function put_debt(key, d)
   redis.call('HSET', key, 'd', num(d), 't', num(now))
   redis.call('PEXPIRE', key, math.ceil(d / 1000) + 1)
 end
-local function expire_leases(key)
-  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if last[2] then redis.call('PEXPIRE', key, math.ceil((tonumber(last[2]) - now) / 1000) + 1) end
-end
 """
 
 OPS = _PRELUDE + """
--- KEYS: req, tok, leases, gone (one tenant). ARGV: lease_ttl_ms, concurrency_hint_ms, then
+-- KEYS: req, tok, held (one tenant). ARGV: lease_ttl_ms, concurrency_hint_ms, replica, then
 -- ops, each a letter and its arguments, applied in order on the same clock:
---   A rpm tpm max_concurrent tokens request_id   acquire: "allowed refused_code
+--   A rpm tpm max_concurrent tokens seq held   acquire: "allowed refused_code
 --       retry_after_ms(-1: none) remaining_requests reset_requests_ms remaining_tokens
---       reset_tokens_ms num_leases"
---   S tpm reserved_tokens actual_tokens request_id   settle: "1" if a lease was released
---   R request_id                                  renew: "1" if the lease was live
---   C request_id                                  cancel (an acquire whose answer never
---       came): drop its lease and mark its id gone for lease_ttl_ms: "1"
--- Returns the ops' replies joined by newlines. Each GCRA is read and written once per call,
--- the lease count read once, and expired leases purged only when a count reaches its limit,
--- so a batch of one tenant's ops costs little more than one op.
-local ttl, hint = tonumber(ARGV[1]) * 1000, tonumber(ARGV[2]) * 1000
+--       reset_tokens_ms num_leases"; held: this replica's leases of the tenant before it
+--   S tpm reserved_tokens actual_tokens seq held   settle: "1"; held -1: no lease to count
+--   H seq held                                    this replica's count: "1" if it was live
+-- The held hash has a field per gateway replica, "count seq expiry_us": how many leases
+-- the replica holds, as of its op number seq (increasing per replica), live until the
+-- expiry (lease_ttl on from its last write). An op with a seq no newer than the field's is
+-- out of date (it waited in a socket, or was merged after a newer one): its count is
+-- ignored. An acquire is judged on its own count, held, and the other replicas' live ones,
+-- whatever its seq. Returns the ops' replies joined by newlines. Each
+-- GCRA is read and written once per call and the held hash read and written once, whatever
+-- the number of ops: an op costs arithmetic, not a Redis command.
+local ttl, hint, replica = tonumber(ARGV[1]) * 1000, tonumber(ARGV[2]) * 1000, ARGV[3]
 local EPS = 0.001
 local debts, dirty = {}, {}
 local function get_debt(i)
@@ -60,18 +59,32 @@ local function get_debt(i)
   return debts[i]
 end
 local function set_debt(i, d) debts[i] = d ; dirty[i] = true end
-local num_leases, purged, leases_set, gone_set = nil, false, false, false
-local function count_leases()
-  if num_leases == nil then num_leases = redis.call('ZCARD', KEYS[3]) end
-  return num_leases
+local loaded, others, own_seq, own_live, own_count, own_dirty = false, 0, -1, false, 0, false
+local function load_held()
+  if loaded then return end
+  loaded = true
+  local flat = redis.call('HGETALL', KEYS[3])
+  local dead = {}
+  for j = 1, #flat, 2 do
+    local count, seq, expiry = string.match(flat[j + 1], '^(%d+) (%d+) (%d+)$')
+    local live = count ~= nil and tonumber(expiry) > now
+    if flat[j] == replica and count ~= nil then
+      own_seq = tonumber(seq)
+      if live then own_live, own_count = true, tonumber(count) end
+    elseif live then
+      others = others + tonumber(count)
+    else
+      dead[#dead + 1] = flat[j]
+    end
+  end
+  if #dead > 0 then redis.call('HDEL', KEYS[3], unpack(dead)) end
 end
-local function released(rid)
-  local n = redis.call('ZREM', KEYS[3], rid)
-  if num_leases ~= nil then num_leases = num_leases - n end
-  return n
+local function set_own(seq, held)
+  load_held()
+  if seq > own_seq then own_seq, own_count, own_dirty, own_live = seq, held, true, true end
 end
-local function acquire(rpm, tpm, conc, tokens, rid)
-  if redis.call('ZSCORE', KEYS[4], rid) then return '0 5 -1 0 0 0 0 0' end
+local function acquire(rpm, tpm, conc, tokens, seq, held)
+  if conc > 0 then load_held() end
   local code, wait = 0, 0
   local function refuse(c, w)
     if code ~= 4 and (code == 0 or w > wait) then code, wait = c, w end
@@ -87,25 +100,15 @@ local function acquire(rpm, tpm, conc, tokens, rid)
     elseif tok_d + tok_step - WINDOW > EPS then refuse(2, tok_d + tok_step - WINDOW) end
   end
   if conc > 0 then
-    n = count_leases()
-    if n >= conc and not purged then
-      redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', num(now))
-      purged, num_leases = true, nil
-      n = count_leases()
-    end
-    if n >= conc and redis.call('ZSCORE', KEYS[3], rid) then n = n - 1 end  -- its own slot
-    if n >= conc then
-      local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-      refuse(3, math.min(tonumber(first[2]) - now, hint))
-    end
+    n = others + held
+    if n >= conc then refuse(3, math.min(hint, ttl)) end
   end
   if code == 0 then
     if rpm > 0 then req_d = req_d + req_step ; set_debt(1, req_d) end
     if tpm > 0 then tok_d = tok_d + tok_step ; set_debt(2, tok_d) end
-    if conc > 0 then
-      num_leases = count_leases() + redis.call('ZADD', KEYS[3], num(now + ttl), rid)
-      n, leases_set = num_leases, true
-    end
+    if conc > 0 then set_own(seq, held + 1) ; n = n + 1 end
+  elseif conc > 0 then
+    set_own(seq, held)
   end
   local rem_req, rem_tok = 0, 0
   if rpm > 0 then rem_req = math.max(0, math.floor((WINDOW - req_d) * rpm / WINDOW + 1e-6)) end
@@ -115,46 +118,42 @@ local function acquire(rpm, tpm, conc, tokens, rid)
   return string.format('%d %d %d %d %d %d %d %d', code == 0 and 1 or 0, code, retry, rem_req,
                        math.ceil(req_d / 1000), rem_tok, math.ceil(tok_d / 1000), n)
 end
-local replies, i, bad = {}, 3, nil
+local replies, i, bad = {}, 4, nil
 while i <= #ARGV do
   local op = ARGV[i]
   if op == 'A' then
     replies[#replies + 1] = acquire(tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]),
-                                    tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]), ARGV[i + 5])
-    i = i + 6
+                                    tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]),
+                                    tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6]))
+    i = i + 7
   elseif op == 'S' then
     local tpm, reserved, actual = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]),
                                   tonumber(ARGV[i + 3])
-    replies[#replies + 1] = tostring(released(ARGV[i + 4]))
     if tpm > 0 and reserved ~= actual then
       set_debt(2, get_debt(2) + (actual - reserved) * WINDOW / tpm)
     end
-    i = i + 5
-  elseif op == 'R' then
-    local score = redis.call('ZSCORE', KEYS[3], ARGV[i + 1])
-    if score and tonumber(score) > now then
-      redis.call('ZADD', KEYS[3], 'XX', num(now + ttl), ARGV[i + 1])
-      leases_set = true
-      replies[#replies + 1] = '1'
-    else
-      replies[#replies + 1] = '0'
-    end
-    i = i + 2
-  elseif op == 'C' then
-    released(ARGV[i + 1])
-    if not gone_set then redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', num(now)) end
-    redis.call('ZADD', KEYS[4], num(now + ttl), ARGV[i + 1])
-    gone_set = true
+    local held = tonumber(ARGV[i + 5])
+    if held >= 0 then set_own(tonumber(ARGV[i + 4]), held) end
     replies[#replies + 1] = '1'
-    i = i + 2
+    i = i + 6
+  elseif op == 'H' then
+    load_held()
+    local was_live = own_live
+    set_own(tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
+    replies[#replies + 1] = was_live and '1' or '0'
+    i = i + 3
   else
     bad = op
     break
   end
 end
 for k in pairs(dirty) do put_debt(KEYS[k], debts[k]) end
-if leases_set then expire_leases(KEYS[3]) end
-if gone_set then expire_leases(KEYS[4]) end
+if own_dirty then
+  redis.call('HSET', KEYS[3], replica, string.format('%d %d %d', own_count, own_seq, now + ttl))
+  if redis.call('PTTL', KEYS[3]) < ttl / 1000 then
+    redis.call('PEXPIRE', KEYS[3], math.ceil(ttl / 1000) + 1)
+  end
+end
 if bad then return redis.error_reply('ERR unknown quota op ' .. tostring(bad)) end
 return table.concat(replies, '\\n')
 """
@@ -179,4 +178,4 @@ class LuaScript:
         object.__setattr__(self, "sha", digest)
 
 
-OPS_SCRIPT = LuaScript(OPS, num_header_args=2)
+OPS_SCRIPT = LuaScript(OPS, num_header_args=3)

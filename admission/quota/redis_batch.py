@@ -30,7 +30,7 @@ Example::
 
     batcher = ScriptBatcher(redis, timeout_s=0.25)
     async with asyncio.timeout(0.25):
-        reply = await batcher.run(OPS_SCRIPT, keys, (ttl_ms, hint_ms, "A", *acquire_args))
+        reply = await batcher.run(OPS_SCRIPT, keys, (ttl_ms, hint_ms, replica, "A", *acquire_args))
 """
 
 from __future__ import annotations

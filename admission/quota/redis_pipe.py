@@ -25,8 +25,8 @@ again. A caller that is cancelled only loses its reply: its command may already 
 Example::
 
     pipe = RespScriptPipe(RespAddress.of(redis_client), timeout_s=0.25)
-    reply = await pipe.run(OPS_SCRIPT, keys, (ttl_ms, hint_ms, "A", *acquire_args))
-    settled = pipe.defer(OPS_SCRIPT, keys, (ttl_ms, hint_ms, "S", *settle_args), 0.05)
+    reply = await pipe.run(OPS_SCRIPT, keys, (ttl_ms, hint_ms, replica, "A", *acquire_args))
+    settled = pipe.defer(OPS_SCRIPT, keys, (ttl_ms, hint_ms, replica, "S", *settle_args), 0.05)
     await pipe.aclose()
 """
 

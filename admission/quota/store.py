@@ -3,7 +3,9 @@
 ``acquire`` checks and charges requests per minute, tokens per minute (prompt plus reserved
 output) and a concurrency lease atomically on the Redis server's clock; ``settle`` releases the
 lease and moves the token charge to the actual count; ``renew`` keeps a long stream's lease
-alive. The script calls of all concurrent requests made in one event-loop iteration share one
+alive. Leases are kept here, per request; Redis holds each replica's count of them (one hash
+field per replica and tenant), sent with every op, so a lease costs Redis no command of its own.
+The script calls of all concurrent requests made in one event-loop iteration share one
 pipelined round trip, on the store's own connection (admission/quota/redis_pipe.py: RESP written by
 hand, a fraction of redis-py's CPU per call) when the client is a plain ``Redis``, else through
 the client (admission/quota/redis_batch.py). Every call is bounded by ``timeout_s``; on a
@@ -28,9 +30,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
@@ -58,23 +63,31 @@ _UNAVAILABLE = QuotaDecision(is_allowed=False, refused_by="unavailable")
 
 
 def quota_keys(tenant_id: str) -> tuple[str, str, str]:
-    """The tenant's request GCRA, token GCRA and lease set; one hash tag, so one cluster slot."""
+    """The tenant's request GCRA, token GCRA and lease counts per gateway replica (a hash);
+    one hash tag, so one cluster slot."""
     prefix = f"sy:quota:{{{tenant_id}}}"
-    return f"{prefix}:req", f"{prefix}:tok", f"{prefix}:leases"
-
-
-def gone_key(tenant_id: str) -> str:
-    """The tenant's given-up request ids (acquires whose answer never came)."""
-    return f"sy:quota:{{{tenant_id}}}:gone"
+    return f"{prefix}:req", f"{prefix}:tok", f"{prefix}:held"
 
 
 @functools.lru_cache(maxsize=4096)
-def ops_keys(tenant_id: str) -> tuple[str, str, str, str]:
-    """OPS_SCRIPT's keys: ``quota_keys`` and ``gone_key``."""
-    return (*quota_keys(tenant_id), gone_key(tenant_id))
+def ops_keys(tenant_id: str) -> tuple[str, str, str]:
+    """OPS_SCRIPT's keys (``quota_keys``)."""
+    return quota_keys(tenant_id)
 
 
-MAX_UNANSWERED = 100_000  # acquires waiting for Redis to come back to be cancelled
+def num_held(fields: Mapping[Any, Any], now_us: int) -> int:
+    """The leases a tenant's held hash (``HGETALL`` of ``quota_keys(t)[2]``) counts live at
+    server time ``now_us``: the sum over replicas whose entry has not expired."""
+    total = 0
+    for value in fields.values():
+        text = value.decode() if isinstance(value, bytes) else value
+        count, _, expiry = text.split(" ")
+        if int(expiry) > now_us:
+            total += int(count)
+    return total
+
+
+MAX_RESYNCED = 100_000  # tenants whose lease count is sent again once Redis answers
 
 
 def _is_one(reply: Any) -> bool:
@@ -128,7 +141,6 @@ class QuotaStore:
         self._timeout_s = timeout_s
         self._lease_ttl_ms = max(1, round(lease_ttl_s * 1000))
         self._concurrency_hint_ms = concurrency_hint_ms
-        self._header = (self._lease_ttl_ms, concurrency_hint_ms)  # OPS_SCRIPT's first args
         self._outage_retry_s = outage_retry_s
         self._clock = clock
         self._local = LocalLimiter(lease_ttl_s, concurrency_hint_ms)
@@ -137,8 +149,15 @@ class QuotaStore:
         self.num_acquires = 0
         self.num_refused = 0
         self.num_fail_open = 0
-        self.num_cancelled = 0
-        self._unanswered: dict[str, str] = {}  # request id -> tenant id
+        self.num_resynced = 0
+        # This replica's leases in Redis, per tenant with max_concurrent: request id -> when
+        # it lapses unless renewed (monotonic), oldest first. Redis holds only their count,
+        # sent with each op as of the op's number (``_seq``): see OPS in lua.py.
+        self._held: dict[str, OrderedDict[str, float]] = {}
+        self._seq = itertools.count(1)
+        self.replica_id = uuid.uuid4().hex[:16]  # its field in the held hashes
+        self._header = (self._lease_ttl_ms, concurrency_hint_ms, self.replica_id)
+        self._resync: set[str] = set()  # tenants whose count Redis may have wrong
         self.num_fail_closed = 0
         self.num_redis_errors = 0
         self.num_outages = 0
@@ -177,14 +196,22 @@ class QuotaStore:
         rpm = normalize_limit(limits.requests_per_minute)
         tpm = normalize_limit(limits.tokens_per_minute)
         max_concurrent = normalize_limit(limits.max_concurrent)
-        args = (*self._header, "A", rpm, tpm, max_concurrent, tokens, request_id)
-        was_sent = self._clock() >= self._skip_redis_until
+        if max_concurrent:
+            if self._resync and self._clock() >= self._skip_redis_until:
+                await self._send_counts()  # before this lease is counted here
+            held = self._leases(tenant_id)
+            num_before = len(held)
+            held[request_id] = self._clock() + self.lease_ttl_s  # counted from now on
+            args: tuple[str | int, ...] = (*self._header, "A", rpm, tpm, max_concurrent, tokens,
+                                           next(self._seq), num_before)
+        else:
+            args = (*self._header, "A", rpm, tpm, 0, tokens, 0, 0)
         reply = await self._call(ops_keys(tenant_id), args)
-        if reply is None and was_sent:
-            # It may still run (Redis paused, or its reply lost): cancelled once Redis answers
-            # again, so that it leaves no lease behind to lock the tenant out.
-            self._release_later(request_id, tenant_id)
         if reply is None:
+            if max_concurrent:
+                # It may still run (Redis paused, or its reply lost) and count this lease:
+                # the count is sent again once Redis answers, without it.
+                self._drop_lease(tenant_id, request_id, resync=True)
             decision = self._fallback(tenant_id, limits, tokens=tokens, request_id=request_id)
         else:
             allowed, code, retry_ms, rem_req, reset_req, rem_tok, reset_tok, num_leases = map(
@@ -204,29 +231,90 @@ class QuotaStore:
             )
         if not decision.is_allowed:
             self.num_refused += 1
+            if max_concurrent:
+                # Ops sent while this one was out counted it; the next op, or this deferred
+                # one, gives Redis the count without it.
+                self._drop_lease(tenant_id, request_id, resync=False)
+                self._send_count_soon(tenant_id)
         return decision
+
+    # -- this replica's leases --------------------------------------------------------
+    def _leases(self, tenant_id: str) -> OrderedDict[str, float]:
+        """The tenant's live leases here, those past their time dropped (a request whose
+        settle never came frees its slot after ``lease_ttl_s``, as a crashed replica's do)."""
+        held = self._held.get(tenant_id)
+        if held is None:
+            held = self._held[tenant_id] = OrderedDict()
+            return held
+        if held:
+            now_s = self._clock()
+            while held and next(iter(held.values())) <= now_s:
+                held.popitem(last=False)
+        return held
+
+    def _drop_lease(self, tenant_id: str, request_id: str, *, resync: bool) -> int:
+        """Forget a lease here; the tenant's count of the rest. ``resync``: Redis may count it
+        (its op's answer never came): the count goes again once Redis answers."""
+        held = self._leases(tenant_id)
+        held.pop(request_id, None)
+        if resync:
+            self._mark_resync(tenant_id)
+        count = len(held)
+        if not count:
+            del self._held[tenant_id]
+        return count
+
+    def _count_args(self, tenant_id: str) -> tuple[str | int, ...]:
+        num_leases = len(self._leases(tenant_id)) if tenant_id in self._held else 0
+        return (*self._header, "H", next(self._seq), num_leases)
+
+    def _mark_resync(self, tenant_id: str) -> None:
+        """Redis may have the tenant's count wrong: send it again once Redis answers."""
+        if len(self._resync) < MAX_RESYNCED:
+            self._resync.add(tenant_id)
+
+    def _send_count_soon(self, tenant_id: str) -> None:
+        if self._clock() < self._skip_redis_until:
+            self._mark_resync(tenant_id)
+            return
+        future = self._batcher.defer(OPS_SCRIPT, ops_keys(tenant_id),
+                                     self._count_args(tenant_id), max(self.settle_delay_s, 0.001))
+        future.add_done_callback(functools.partial(self._on_count_sent, tenant_id))
+
+    def _on_count_sent(self, tenant_id: str, future: asyncio.Future[Any]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            self._mark_resync(tenant_id)
 
     async def settle(self, tenant_id: str, limits: LimitsLike, *, reserved_tokens: int,
                      actual_tokens: int, request_id: str) -> bool:
         """Release the lease and charge ``actual_tokens`` instead of ``reserved_tokens`` (a
         refund, or an extra charge when the answer ran over). Call it exactly once per admitted
         request (in a ``finally``: completion or client disconnect), never for a refused one.
-        One script call; never raises. Returns whether a lease was released; if Redis is down,
-        the lease expires by its TTL and the refund is dropped."""
+        One script call; never raises. Returns whether a lease was released (one was held
+        here, and Redis took the count without it); if Redis is down, the count is sent again
+        once it answers and the refund is dropped."""
         if self._local.holds(request_id):
             return self._local.settle(tenant_id, limits, reserved_tokens=reserved_tokens,
                                       actual_tokens=actual_tokens, request_id=request_id,
                                       now_s=self._clock())
-        reply = await self._call(ops_keys(tenant_id), self._settle_args(
-            limits, reserved_tokens, actual_tokens, request_id), deferrable=True)
-        if reply is None:
-            self._release_later(request_id, tenant_id)
-        return _is_one(reply)
+        limited = bool(normalize_limit(limits.max_concurrent))
+        was_held = not limited or request_id in self._held.get(tenant_id, ())
+        args = self._settle_args(tenant_id, limits, reserved_tokens, actual_tokens, request_id)
+        reply = await self._call(ops_keys(tenant_id), args, deferrable=True)
+        if reply is None and limited:
+            self._mark_resync(tenant_id)
+        return was_held and _is_one(reply)
 
-    def _settle_args(self, limits: LimitsLike, reserved_tokens: int, actual_tokens: int,
-                     request_id: str) -> tuple[str | int, ...]:
+    def _settle_args(self, tenant_id: str, limits: LimitsLike, reserved_tokens: int,
+                     actual_tokens: int, request_id: str) -> tuple[str | int, ...]:
+        """The settle op; with ``max_concurrent`` the lease is forgotten here now, and the op
+        carries the count of the rest."""
+        seq, count = 0, -1
+        if normalize_limit(limits.max_concurrent):
+            count = self._drop_lease(tenant_id, request_id, resync=False)
+            seq = next(self._seq)
         return (*self._header, "S", normalize_limit(limits.tokens_per_minute), reserved_tokens,
-                actual_tokens, request_id)
+                actual_tokens, seq, count)
 
     def settle_soon(self, tenant_id: str, limits: LimitsLike, *, reserved_tokens: int,
                     actual_tokens: int, request_id: str) -> None:
@@ -239,37 +327,36 @@ class QuotaStore:
                                now_s=self._clock())
             return
         if self._clock() < self._skip_redis_until:
-            self._release_later(request_id, tenant_id)  # Redis is down: when it is back
+            # Redis is down: the lease is forgotten here and its count sent when it is back;
+            # the token refund is dropped (the charge stays as reserved).
+            if normalize_limit(limits.max_concurrent):
+                self._drop_lease(tenant_id, request_id, resync=True)
             return
         keys = ops_keys(tenant_id)
-        args = self._settle_args(limits, reserved_tokens, actual_tokens, request_id)
+        args = self._settle_args(tenant_id, limits, reserved_tokens, actual_tokens, request_id)
         if self.settle_delay_s > 0:
             future = self._batcher.defer(OPS_SCRIPT, keys, args, self.settle_delay_s)
         else:
             future = self._batcher.call(OPS_SCRIPT, keys, args)
-        future.add_done_callback(functools.partial(self._on_settled, request_id, tenant_id))
+        future.add_done_callback(functools.partial(
+            self._on_settled, tenant_id if normalize_limit(limits.max_concurrent) else None))
 
-    def _on_settled(self, request_id: str, tenant_id: str, future: asyncio.Future[Any]
-                    ) -> None:
+    def _on_settled(self, tenant_id: str | None, future: asyncio.Future[Any]) -> None:
+        """A settle's answer; when it never came, the tenant's count (``tenant_id``: it has
+        ``max_concurrent``) goes again once Redis answers."""
         if future.cancelled():
-            self._release_later(request_id, tenant_id)
+            if tenant_id is not None:
+                self._mark_resync(tenant_id)
             return
         exc = future.exception()
         if exc is None:
             self._on_success()
         elif isinstance(exc, (RedisError, OSError, TimeoutError)):
-            self._release_later(request_id, tenant_id)
+            if tenant_id is not None:
+                self._mark_resync(tenant_id)
             self._on_error(exc)
         else:
             log.error("quota store: settle failed: %r", exc)
-
-    def _release_later(self, request_id: str, tenant_id: str) -> None:
-        """A lease whose release may not have reached Redis: released (the ``C`` op) once
-        Redis answers again, instead of holding a slot until its TTL. Its token refund is
-        dropped (the charge stays as reserved) unless the settle itself ran."""
-        self._unanswered[request_id] = tenant_id
-        if len(self._unanswered) > MAX_UNANSWERED:
-            self._unanswered.pop(next(iter(self._unanswered)))
 
     async def aclose(self) -> None:
         """Send the deferred settles (waiting up to 1 s for them) and close the store's own
@@ -277,12 +364,18 @@ class QuotaStore:
         await self._batcher.aclose()
 
     async def renew(self, tenant_id: str, request_id: str) -> bool:
-        """Extend the lease by ``lease_ttl_s``; call every ``lease_ttl_s / 3`` while streaming.
-        False when the lease is gone (it expired, or was settled) or Redis is unreachable."""
+        """Extend the lease by ``lease_ttl_s``; call every ``lease_ttl_s / 3`` while streaming
+        (it also keeps this replica's count in Redis from expiring). False when the lease is
+        gone (it lapsed, or was settled) or Redis is unreachable."""
         if self._local.holds(request_id):
             return self._local.renew(request_id, self._clock())
-        reply = await self._call(ops_keys(tenant_id), (*self._header, "R", request_id))
-        return _is_one(reply)
+        held = self._held.get(tenant_id)
+        if held is None or request_id not in self._leases(tenant_id):
+            return False
+        held[request_id] = self._clock() + self.lease_ttl_s
+        held.move_to_end(request_id)
+        reply = await self._call(ops_keys(tenant_id), self._count_args(tenant_id))
+        return reply is not None
 
     # -- Redis I/O ---------------------------------------------------------------------
     async def _call(self, keys: Sequence[str], args: Sequence[str | int], *,
@@ -293,8 +386,8 @@ class QuotaStore:
         script = OPS_SCRIPT
         if self._clock() < self._skip_redis_until:
             return None
-        if self._unanswered:  # answered before this call goes (their script may need loading)
-            await self._cancel_unanswered()
+        if self._resync:  # answered before this call goes (their script may need loading)
+            await self._send_counts()
         batcher = self._batcher
         try:
             if batcher.bounds_calls:  # it answers every call within timeout_s itself
@@ -320,27 +413,21 @@ class QuotaStore:
                         self._clock() - self._outage_started)
             self._outage_started = None
 
-    async def _cancel_unanswered(self) -> None:
-        """Cancel the acquires whose answer never came and release the leases whose settle
-        was lost (the ``C`` op: drops the lease, and makes an acquire still to run charge
-        and hold nothing). Those that fail wait for the next call."""
-        unanswered, self._unanswered = self._unanswered, {}
-        self.num_cancelled += len(unanswered)
+    async def _send_counts(self) -> None:
+        """Send again the lease counts Redis may have wrong: after an op whose answer never
+        came (an acquire that may yet run, a settle that may be lost). Those that fail wait
+        for the next call."""
+        tenants, self._resync = self._resync, set()
+        self.num_resynced += len(tenants)
         futures = []
-        for request_id, tenant_id in unanswered.items():
+        for tenant_id in tenants:
             future = self._batcher.call(OPS_SCRIPT, ops_keys(tenant_id),
-                                        (*self._header, "C", request_id))
-            future.add_done_callback(functools.partial(self._on_cancelled, request_id,
-                                                       tenant_id))
+                                        self._count_args(tenant_id))
+            future.add_done_callback(functools.partial(self._on_count_sent, tenant_id))
             futures.append(future)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._timeout_s):
                 await asyncio.wait(futures)
-
-    def _on_cancelled(self, request_id: str, tenant_id: str, future: asyncio.Future[Any]
-                      ) -> None:
-        if future.cancelled() or future.exception() is not None:
-            self._unanswered[request_id] = tenant_id  # again at the next success
 
     def _on_error(self, exc: BaseException) -> None:
         self.num_redis_errors += 1

@@ -30,7 +30,7 @@ from bench.common.procstat import cpu_seconds
 from gateway.cli.localproc import free_port, redis_server_path
 
 LIMITS = (10_000_000, 1_000_000_000, 1_000)  # requests/min, tokens/min, concurrency
-HEADER = (60_000, 1_000)  # lease TTL (ms), concurrency hint (ms)
+HEADER = (60_000, 1_000, "bench-replica")  # lease TTL (ms), concurrency hint (ms), replica
 SHAPES = ((1, 1), (4, 1), (32, 1), (32, 8), (32, 32))  # (ops per write, tenants in it)
 
 
@@ -39,20 +39,27 @@ def run_shape(client: redis.Redis, pid: int, num_pairs: int, batch: int, num_ten
     """Redis CPU-µs per acquire + settle pair for one batch shape."""
     rpm, tpm, conc = LIMITS
     tenants = [f"bench-{uuid.uuid4().hex[:8]}" for _ in range(num_tenants)]
-    ids = [uuid.uuid4().hex for _ in range(num_pairs)]
+    held = dict.fromkeys(tenants, 0)  # the replica's leases per tenant, as the store counts
+    seq = 0
     before = cpu_seconds(pid)
     for start in range(0, num_pairs, batch):
         for kind in ("A", "S"):
             commands: dict[str | int, list[str | int]] = {}
-            for offset, request_id in enumerate(ids[start:start + batch]):
+            for offset in range(min(batch, num_pairs - start)):
                 tenant = tenants[(start + offset) % num_tenants]
-                op: Sequence[str | int] = ((kind, rpm, tpm, conc, 500, request_id) if kind == "A"
-                                           else (kind, tpm, 500, 300, request_id))
+                seq += 1
+                op: Sequence[str | int]
+                if kind == "A":
+                    op = (kind, rpm, tpm, conc, 500, seq, held[tenant])
+                    held[tenant] += 1
+                else:
+                    held[tenant] -= 1
+                    op = (kind, tpm, 500, 300, seq, held[tenant])
                 group: str | int = tenant if merged else offset
                 commands.setdefault(group, [tenant, *HEADER]).extend(op)
             pipe = client.pipeline(transaction=False)
             for owner, *args in commands.values():
-                pipe.evalsha(OPS_SCRIPT.sha, 4, *ops_keys(str(owner)), *args)
+                pipe.evalsha(OPS_SCRIPT.sha, 3, *ops_keys(str(owner)), *args)
             pipe.execute()
     return (cpu_seconds(pid) - before) / num_pairs * 1e6
 

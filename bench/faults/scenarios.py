@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from admission.quota.store import gone_key, quota_keys
+from admission.quota.store import num_held, quota_keys
 from bench.faults.fleet import TENANT_ID
 from bench.faults.load import peak_in_flight
 from bench.faults.run import WARMUP_S, Run, count_status
@@ -162,10 +162,11 @@ async def redis_pause(run: Run) -> dict[str, Any]:
     outcomes = await run.finish()
     await asyncio.sleep(1.0)  # deferred settles and cancels land
     t_last = run.counter.last_increase_after(t_cont)
-    leases_key = quota_keys(TENANT_ID)[2]
     client = redis.Redis.from_url(run.fleet.redis_url)
     try:
-        num_leases, num_gone = client.zcard(leases_key), client.zcard(gone_key(TENANT_ID))
+        seconds, micros = client.time()
+        num_leases = num_held(client.hgetall(quota_keys(TENANT_ID)[2]),
+                              seconds * 1_000_000 + micros)
     finally:
         client.close()
     return {
@@ -176,7 +177,6 @@ async def redis_pause(run: Run) -> dict[str, Any]:
         "served_from_redis_after_s": round(t_last - t_cont, 3) if t_last else 0.0,
         "num_fail_open": run.counter.value_at(time.monotonic()) - run.counter.value_at(t_stop),
         "num_leases_left": int(num_leases),
-        "num_cancelled_ids": int(num_gone),
         "worst_latency_sent_during_pause_s": round(max(
             (o.latency_s for o in outcomes if t_stop <= o.sent_s < t_cont), default=0), 3),
     }

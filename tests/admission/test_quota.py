@@ -17,8 +17,10 @@ import pytest
 import redis as sync_redis
 import redis.asyncio as aioredis
 
+from admission.quota.lua import OPS_SCRIPT
 from admission.quota.store import FailMode, QuotaLimits, QuotaStore, quota_keys
 from gateway.cli.localproc import ProcessGroup, free_port, start_redis
+from tests.admission.held import held_async
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER_NAMES = {
@@ -100,7 +102,7 @@ async def test_concurrency_leases_settle_and_expire(redis: aioredis.Redis, tenan
     await asyncio.sleep(0.55)
     for _ in range(2):
         assert (await store.acquire(tenant, limits, tokens=0, request_id=rid())).is_allowed
-    assert await redis.zcard(quota_keys(tenant)[2]) == 2
+    assert await held_async(redis, tenant) == 2
     assert 0 < await redis.pttl(quota_keys(tenant)[2]) <= 502
 
 
@@ -203,7 +205,8 @@ async def test_fail_open_then_recover(procs: ProcessGroup, workdir: Path, tenant
     client = aioredis.Redis.from_url(start_redis(procs, workdir, port))
     store = QuotaStore(client, timeout_s=0.2, outage_retry_s=0.0)
     limits = QuotaLimits(requests_per_minute=100, max_concurrent=1)
-    assert not (await store.acquire(tenant, limits, tokens=0, request_id=rid())).is_local
+    first = rid()
+    assert not (await store.acquire(tenant, limits, tokens=0, request_id=first)).is_local
     name, child = next(c for c in procs.children if c[0] == f"redis-{port}")
     child.terminate()
     child.wait(5)
@@ -214,8 +217,16 @@ async def test_fail_open_then_recover(procs: ProcessGroup, workdir: Path, tenant
     assert await store.settle(tenant, limits, reserved_tokens=0, actual_tokens=0,
                               request_id=local_id)  # released locally, not in Redis
     start_redis(procs, workdir, port)
+    # Redis restarted empty, but the first request still runs: its lease is this store's, so
+    # it still counts (Redis is told with the next op) and the slot stays taken.
     back = await store.acquire(tenant, limits, tokens=0, request_id=rid())
-    assert back.is_allowed and not back.is_local and not store.is_redis_down
+    assert not back.is_local and not store.is_redis_down
+    assert back.refused_by == "concurrency" and back.num_leases == 1
+    assert await held_async(client, tenant) == 1
+    assert await store.settle(tenant, limits, reserved_tokens=0, actual_tokens=0,
+                              request_id=first)
+    again = await store.acquire(tenant, limits, tokens=0, request_id=rid())
+    assert again.is_allowed and not again.is_local
     await client.aclose()
 
 
@@ -266,3 +277,32 @@ async def test_client_cpu_per_acquire(redis: aioredis.Redis, tenant: str,
               f"(through redis-py: {redis_py_cpu:.0f} us, {redis_py_wall:.0f} us); "
               f"PING: {ping_cpu:.0f} us CPU, {ping_wall:.0f} us wall ({num_calls} calls each)")
     await store.aclose()
+
+
+async def test_leases_cost_redis_no_command_of_their_own(redis: aioredis.Redis,
+                                                         tenant: str) -> None:
+    """A replica's leases are one field of the tenant's held hash, its count, whatever the
+    number of requests; two replicas' counts add up, and an op older than the last one
+    applied (a settle merged behind a newer acquire) does not set an old count."""
+    limits = QuotaLimits(max_concurrent=3)
+    one, two = QuotaStore(redis), QuotaStore(redis)
+    first, second = rid(), rid()
+    assert (await one.acquire(tenant, limits, tokens=0, request_id=first)).is_allowed
+    assert (await one.acquire(tenant, limits, tokens=0, request_id=second)).is_allowed
+    assert (await two.acquire(tenant, limits, tokens=0, request_id=rid())).num_leases == 3
+    refused = await two.acquire(tenant, limits, tokens=0, request_id=rid())
+    assert refused.refused_by == "concurrency" and refused.num_leases == 3
+    fields = await redis.hgetall(quota_keys(tenant)[2])
+    assert len(fields) == 2 and sorted(int(v.split()[0]) for v in fields.values()) == [1, 2]
+    assert await one.settle(tenant, limits, reserved_tokens=0, actual_tokens=0,
+                            request_id=first)
+    assert not await one.settle(tenant, limits, reserved_tokens=0, actual_tokens=0,
+                                request_id=first)  # settled already: nothing released
+    assert await held_async(redis, tenant) == 2
+    # An old count (op number 1) after a newer one is ignored.
+    [field] = [k for k in fields if k.decode() == one.replica_id]
+    stale = await redis.evalsha(OPS_SCRIPT.sha, 3, *quota_keys(tenant), 60_000, 1000,
+                                field.decode(), "H", 1, 0)
+    assert stale == b"1" and await held_async(redis, tenant) == 2
+    await one.aclose()
+    await two.aclose()

@@ -37,6 +37,7 @@ from gateway.cli.localproc import (
     redis_server_path,
     start_redis,
 )
+from tests.admission.held import held_async
 
 
 @pytest.fixture(scope="module")
@@ -414,7 +415,7 @@ async def test_a_settle_rides_with_the_next_acquire_or_leaves_after_its_delay(
                               request_id=second)
     assert 0.25 <= time.monotonic() - started_s < 2.0
     assert round_trips(store) == trips_before + 2
-    assert await redis.zcard(quota_keys(tenant)[2]) == 0  # no lease left behind
+    assert await held_async(redis, tenant) == 0  # no lease left behind
 
 
 async def test_aclose_sends_the_deferred_settles(redis: aioredis.Redis,
@@ -425,15 +426,14 @@ async def test_aclose_sends_the_deferred_settles(redis: aioredis.Redis,
     limits, tenant = QuotaLimits(max_concurrent=1), new_tenant()
     request_id = rid()
     assert (await store.acquire(tenant, limits, tokens=0, request_id=request_id)).is_allowed
-    _, _, leases_key = quota_keys(tenant)
-    assert await redis.zcard(leases_key) == 1
+    assert await held_async(redis, tenant) == 1
     store.settle_soon(tenant, limits, reserved_tokens=0, actual_tokens=0, request_id=request_id)
     await asyncio.sleep(0.05)
-    assert await redis.zcard(leases_key) == 1  # still deferred
+    assert await held_async(redis, tenant) == 1  # still deferred
 
     await store.aclose()
 
-    assert await redis.zcard(leases_key) == 0
+    assert await held_async(redis, tenant) == 0
     other = QuotaStore(redis, own_connection=own_connection)
     assert (await other.acquire(tenant, limits, tokens=0, request_id=rid())).is_allowed
     await other.aclose()
@@ -450,27 +450,28 @@ def transport(client: aioredis.Redis, own_connection: bool) -> ScriptPipe:
 async def test_a_merged_command_answers_each_op_as_sequential_calls_would(
         redis: aioredis.Redis, own_connection: bool) -> None:
     """One tenant's ops of one iteration are one EVALSHA, applied in order: the third acquire
-    finds both slots taken, the settle frees one, the fourth acquire takes it; a renew of a
-    lease that exists says 1. A bad op fails only its own command's callers."""
+    finds both slots taken, the settle frees one, the fourth acquire takes it; a count op of
+    a replica whose count is live says 1. A bad op fails only its own command's callers."""
     pipe = transport(redis, own_connection)
-    header, keys, other_keys = (60_000, 1000), ops_keys(new_tenant()), ops_keys(new_tenant())
-    await pipe.run(OPS_SCRIPT, other_keys, (*header, "R", "warm"))  # connected, script loaded
-    first, second = rid(), rid()
+    header = (60_000, 1000, "replica-a")
+    keys, other_keys = ops_keys(new_tenant()), ops_keys(new_tenant())
+    await pipe.run(OPS_SCRIPT, other_keys, (*header, "H", 1, 0))  # connected, script loaded
     server = ServerCounts(redis)
     await server.start()
-    ops = [("A", 0, 1000, 2, 100, first), ("A", 0, 1000, 2, 100, second),
-           ("A", 0, 1000, 2, 100, rid()), ("S", 1000, 100, 40, first),
-           ("A", 0, 1000, 2, 100, rid()), ("R", second)]
+    # As the store sends them: each op numbered, with this replica's count of leases then.
+    ops = [("A", 0, 1000, 2, 100, 1, 0), ("A", 0, 1000, 2, 100, 2, 1),
+           ("A", 0, 1000, 2, 100, 3, 2), ("S", 1000, 100, 40, 4, 1),
+           ("A", 0, 1000, 2, 100, 5, 1), ("H", 6, 2)]
     futures = [pipe.call(OPS_SCRIPT, keys, (*header, *op)) for op in ops]
     bad = pipe.call(OPS_SCRIPT, other_keys, (*header, "X", "oops"))
-    fine = pipe.call(OPS_SCRIPT, ops_keys(new_tenant()), (*header, "R", "nobody"))
+    fine = pipe.call(OPS_SCRIPT, ops_keys(new_tenant()), (*header, "H", 1, 0))
     replies = [await future for future in futures]
     assert (await server.stop())[0] == 3  # the tenant's six ops, the bad one, the other one
     fields = [reply.split() for reply in replies]
     assert fields[0][:2] == [b"1", b"0"] and fields[0][7] == b"1"
     assert fields[1][:2] == [b"1", b"0"] and fields[1][7] == b"2"
     assert fields[2][:2] == [b"0", b"3"]  # refused: concurrency
-    assert replies[3] == b"1"  # a lease released, 60 tokens refunded
+    assert replies[3] == b"1"  # the count without the first lease, 60 tokens refunded
     assert fields[4][:2] == [b"1", b"0"] and fields[4][7] == b"2"
     assert int(fields[4][5]) == 1000 - 100 - 40 - 100  # remaining tokens, in order
     assert replies[5] == b"1"
@@ -483,12 +484,12 @@ async def test_a_merged_command_answers_each_op_as_sequential_calls_would(
 async def test_ops_beyond_the_merge_bound_go_in_more_commands(redis: aioredis.Redis,
                                                               own_connection: bool) -> None:
     pipe = transport(redis, own_connection)
-    header, keys = (60_000, 1000), ops_keys(new_tenant())
-    await pipe.run(OPS_SCRIPT, keys, (*header, "R", "warm"))
+    header, keys = (60_000, 1000, "replica-a"), ops_keys(new_tenant())
+    await pipe.run(OPS_SCRIPT, keys, (*header, "H", 1, 0))
     server = ServerCounts(redis)
     await server.start()
     count = 2 * MAX_MERGED_OPS + 1
-    futures = [pipe.call(OPS_SCRIPT, keys, (*header, "A", count, 0, 0, 0, rid()))
+    futures = [pipe.call(OPS_SCRIPT, keys, (*header, "A", count, 0, 0, 0, 0, 0))
                for _ in range(count)]
     replies = [await future for future in futures]
     assert (await server.stop())[0] == 3

@@ -11,8 +11,8 @@ import httpx
 import pytest
 import redis
 
-from admission.quota.store import quota_keys
 from gateway.cli.localproc import ProcessGroup, start_redis
+from tests.admission.held import held
 from tests.fleet import Engine, Gateway
 
 MODEL = "switchyard-mock"
@@ -33,12 +33,11 @@ def test_a_client_leaving_during_its_acquire_holds_no_lease(tmp_path: Path) -> N
                           admission={"redis_timeout_s": 5.0})
         tenant = gateway.create_tenant(limits={"max_concurrent": 2})
         key = gateway.create_key(tenant["id"])
-        leases = quota_keys(tenant["id"])[2]
         client = redis.Redis.from_url(redis_url)
         for _ in range(2):  # the key is cached (auth needs no Redis below), scripts loaded
             assert _post(gateway, key) == 200
         time.sleep(0.2)  # their settles have gone out
-        assert client.zcard(leases) == 0
+        assert held(client, tenant["id"]) == 0
 
         # Redis stalls; the client gives up while its acquire waits for the answer.
         redis_process.send_signal(signal.SIGSTOP)
@@ -50,13 +49,13 @@ def test_a_client_leaving_during_its_acquire_holds_no_lease(tmp_path: Path) -> N
             redis_process.send_signal(signal.SIGCONT)
         # Redis now grants the abandoned acquire its lease; the gateway must give it back
         # (not leave it held until the lease's TTL, a minute by default).
-        held = []
+        counts = []
         for _ in range(20):
-            held.append(client.zcard(leases))
-            if held[-1] == 0:
+            counts.append(held(client, tenant["id"]))
+            if counts[-1] == 0:
                 break
             time.sleep(0.1)
-        assert held[-1] == 0, held
+        assert counts[-1] == 0, counts
         client.close()
 
 
@@ -68,10 +67,9 @@ def test_shutdown_settles_the_last_requests(tmp_path: Path) -> None:
         tenant = gateway.create_tenant(limits={"max_concurrent": 5})
         key = gateway.create_key(tenant["id"])
         client = redis.Redis.from_url(redis_url)
-        leases = quota_keys(tenant["id"])[2]
         assert _post(gateway, key) == 200
         # Its settle waits to ride with the next acquire; there is none: shut down now.
         gateway.terminate()
         assert gateway.process.wait(timeout=15) == 0
-        assert client.zcard(leases) == 0
+        assert held(client, tenant["id"]) == 0
         client.close()

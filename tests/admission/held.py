@@ -1,0 +1,18 @@
+"""How many concurrency leases Redis counts for a tenant now (every replica's live count)."""
+
+from __future__ import annotations
+
+import redis as sync_redis
+import redis.asyncio as aioredis
+
+from admission.quota.store import num_held, quota_keys
+
+
+def held(client: sync_redis.Redis, tenant: str) -> int:
+    seconds, micros = client.time()
+    return num_held(client.hgetall(quota_keys(tenant)[2]), seconds * 1_000_000 + micros)
+
+
+async def held_async(client: aioredis.Redis, tenant: str) -> int:
+    seconds, micros = await client.time()
+    return num_held(await client.hgetall(quota_keys(tenant)[2]), seconds * 1_000_000 + micros)
