@@ -145,6 +145,33 @@ def test_exact_across_replicas(redis_url: str, tenant: str) -> None:
     assert all(r["counters"]["num_redis_errors"] == 0 for r in results)
 
 
+def test_concurrency_exact_across_replicas(redis_url: str, tenant: str) -> None:
+    """Three processes each make 30 acquires at once against max_concurrent=20 and hold
+    them: exactly 20 get in, in all. All settled, the same burst again gets 20 in."""
+    go_key = f"sy:test:go:{tenant}"
+    argv = [sys.executable, "-m", "tests.admission.quota_replica", redis_url, tenant, "20",
+            "30", go_key, "concurrency"]
+    replicas = [subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE) for _ in range(3)]
+    client = sync_redis.Redis.from_url(redis_url)
+    try:
+        deadline = time.monotonic() + 15
+        while int(client.get(go_key + ":ready") or 0) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        client.rpush(go_key, 1, 2, 3)
+        # Every replica's settles are answered before the second go.
+        while int(client.get(go_key + ":settled") or 0) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        client.rpush(go_key + ":2", 1, 2, 3)
+        results = [orjson.loads(replica.communicate(timeout=20)[0]) for replica in replicas]
+    finally:
+        for replica in replicas:
+            replica.kill()
+        client.close()
+    assert sum(r["admitted"][0] for r in results) == 20
+    assert sum(r["admitted"][1] for r in results) == 20
+    assert all(r["counters"]["num_redis_errors"] == 0 for r in results)
+
+
 async def test_headers_match_openai(redis: aioredis.Redis, tenant: str) -> None:
     store = QuotaStore(redis)
     limits = QuotaLimits(requests_per_minute=10, tokens_per_minute=6000)
