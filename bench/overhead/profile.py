@@ -1,6 +1,6 @@
 """Where the gateway's CPU goes under one benchmark load: py-spy samples, summed by function.
 
-Needs py-spy (``.venv/bin/pip install py-spy``) and permission to ptrace the gateway::
+Needs permission to ptrace the gateway (root, or CAP_SYS_PTRACE)::
 
     python -m bench.overhead.profile --load nonstream --duration 8
     python -m bench.overhead.profile --load rate --native   # with C frames (uvloop, syscalls)
@@ -8,8 +8,9 @@ Needs py-spy (``.venv/bin/pip install py-spy``) and permission to ptrace the gat
 Prints the top functions by own samples ("self") and by samples anywhere on the stack
 ("inclusive"), as shares of all samples taken while the gateway was on the CPU, then the
 inclusive share of each stage of a request (``STAGES``: a sample counts for a stage when a
-frame of one of its files is on the stack). A stage's share times the bench's CPU-µs per
-request is its µs per request.
+frame of one of its files is on the stack, except that SLO admission's leave out routing's
+decision, which admission calls: ``EXCLUDED``). A stage's share times the bench's CPU-µs per
+request is its µs per request. Needs py-spy: a dev dependency (``pip install -e .[dev]``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ STAGES = (
     ("aiohttp, own frames", ("aiohttp/",), True),
     ("asyncio and uvloop, own frames", ("asyncio/", "uvloop/"), True),
 )
+# A stage's samples leave out those of another stage it calls: SLO admission asks routing for
+# its decision (one decision for both), which the routing stage counts.
+EXCLUDED = {"SLO admission": ("gateway/router.py", "routing/")}
 _FRAME_RE = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
 
@@ -90,7 +94,8 @@ def stage_shares(raw: str) -> dict[str, float]:
         total += count
         for stage, files, is_own in STAGES:
             looked_at = frames[-1:] if is_own else frames
-            if any(name in frame for frame in looked_at for name in files):
+            if any(name in frame for frame in looked_at for name in files) and not any(
+                    name in frame for frame in frames for name in EXCLUDED.get(stage, ())):
                 stages[stage] += count
     return {stage: stages[stage] / total if total else 0.0 for stage, _, _ in STAGES}
 
