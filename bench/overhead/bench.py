@@ -87,13 +87,13 @@ class Phase:
     num_warmup: int
 
 
-def phases(plan: Plan) -> list[Phase]:
+def phases(plan: Plan, mode: str = "third-party") -> list[Phase]:
     closed = ("--mode", "closed", "--duration", "120", "--concurrency", str(plan.concurrency))
     stream = (*closed, "--stream", "--requests", str(plan.num_streams),
               "--max-tokens", str(plan.stream_max_tokens))
     stream_warmup = max(1, plan.num_warmup // 10)
     warmup = ("--warmup", str(plan.num_warmup))
-    return [
+    found = [
         Phase("nonstream", (*closed, "--requests", str(plan.num_requests),
                             "--max-tokens", str(plan.max_tokens), *warmup), plan.num_warmup),
         # Zero-delay engine: its events arrive back to back and are relayed in a few writes.
@@ -108,6 +108,8 @@ def phases(plan: Plan) -> list[Phase]:
                           "--duration", str(plan.max_duration_s), "--max-tokens",
                           str(plan.max_tokens), *warmup), plan.num_warmup),
     ]
+    # Own fleet: simulated workers, which the mock's per-request pacing does not reach.
+    return [p for p in found if mode != "own" or p.name != "paced_stream"]
 
 
 # Phases also run through the gateway with BACKEND_COUNTS[1] backends ("gateway64").
@@ -123,7 +125,7 @@ def endpoints(fleet: BenchFleet, phase: str = "") -> dict[str, tuple[str, dict[s
         "gateway": (fleet.gateway_url, {"proxy": fleet.gateway_pid, **engine,
                                         "redis": fleet.redis_pid}),
     }
-    if phase in LARGE_FLEET_PHASES:
+    if phase in LARGE_FLEET_PHASES and fleet.large_url:
         found["gateway64"] = (fleet.large_url, {"proxy": fleet.large_pid, **engine,
                                                 "redis": fleet.redis_pid})
     return found
@@ -172,12 +174,15 @@ def derived(figures: Figures) -> Figures:
     day to day by up to ~2x; the ratio does not)."""
     out: Figures = {}
     for phase, unit in (("nonstream", "request"), ("paced_stream", "chunk")):
+        if f"{phase}.gateway.proxy_cpu_us_per_{unit}" not in figures:
+            continue  # own fleet: no paced phase
         out[f"{phase}.gateway.cpu_to_floor_ratio"] = (
             figures[f"{phase}.gateway.proxy_cpu_us_per_{unit}"]
             / figures[f"{phase}.floor.proxy_cpu_us_per_{unit}"])
-        out[f"{phase}.gateway64.cpu_to_gateway_ratio"] = (
-            figures[f"{phase}.gateway64.proxy_cpu_us_per_{unit}"]
-            / figures[f"{phase}.gateway.proxy_cpu_us_per_{unit}"])
+        if f"{phase}.gateway64.proxy_cpu_us_per_{unit}" in figures:
+            out[f"{phase}.gateway64.cpu_to_gateway_ratio"] = (
+                figures[f"{phase}.gateway64.proxy_cpu_us_per_{unit}"]
+                / figures[f"{phase}.gateway.proxy_cpu_us_per_{unit}"])
     for target in ("floor", "gateway"):
         for q in ("p50", "p99"):
             out[f"latency.{target}.added_{q}_ms"] = (
@@ -189,7 +194,7 @@ def derived(figures: Figures) -> Figures:
 
 def measure_run(fleet: BenchFleet, plan: Plan) -> Figures:
     figures: Figures = {}
-    for phase in phases(plan):
+    for phase in phases(plan, fleet.mode):
         figures.update(measure_phase(fleet, phase))
     figures.update(derived(figures))
     return figures
@@ -212,6 +217,8 @@ def measure_stages(fleet: BenchFleet, summary: Figures, duration_s: float) -> Fi
     out: Figures = {}
     for target, load in STAGE_PROFILES:
         url, pid = urls[target]
+        if not url or f"{_STAGE_PHASE[load]}.{target}.proxy_cpu_us_per_request" not in summary:
+            continue  # own fleet: no 64-backend gateway, no paced load
         raw = record(url, pid, fleet.api_key, fleet.model, LOADS[load], duration_s=duration_s)
         per_request = summary[f"{_STAGE_PHASE[load]}.{target}.proxy_cpu_us_per_request"]
         for stage, share in stage_shares(raw).items():
@@ -246,6 +253,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs", type=int, help="repeats; medians are reported (default 3)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
+    parser.add_argument("--mode", choices=("third-party", "own"), default="third-party",
+                        help="engines listed in backends: (a mock), or simulated workers that "
+                             "heartbeat through Redis")
     parser.add_argument("--no-stages", action="store_true",
                         help="skip the per-stage py-spy profiles after the runs")
     parser.add_argument("--stage-seconds", type=float, default=6.0,
@@ -261,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     loadavg_at_start = os.getloadavg()
     runs: list[Figures] = []
-    with tempfile.TemporaryDirectory(prefix="sy-bench-") as tmp, bench_fleet(Path(tmp)) as fleet:
+    with (tempfile.TemporaryDirectory(prefix="sy-bench-") as tmp,
+          bench_fleet(Path(tmp), mode=args.mode) as fleet):
         for index in range(plan.runs):
             runs.append(measure_run(fleet, plan))
             print(f"run {index + 1}/{plan.runs} done ({time.time() - started:.0f} s)",
@@ -290,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     elif stages_note:
         print(stages_note)
     path = write_results(args.results_dir, {
-        "benchmark": "overhead", "issue": 2,
+        "benchmark": "overhead", "issue": 2, "mode": args.mode,
         "command": " ".join(["python -m bench.overhead", *(argv or sys.argv[1:])]),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "duration_s": time.time() - started, "machine": machine(),

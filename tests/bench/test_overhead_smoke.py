@@ -80,3 +80,25 @@ def test_targets_are_judged_not_asserted(results: dict[str, Any]) -> None:
     assert all(isinstance(t["passed"], bool) for t in results["targets"])
     assert results["plan"]["runs"] == 1
     assert len(results["runs"]) == 1
+
+
+def test_own_fleet_mode_runs_on_heartbeating_workers(tmp_path: Path) -> None:
+    """``--mode own``: the gateway finds simulated workers through their heartbeats (no
+    ``backends:``); the phases run but the paced one and the 64-backend gateway, and only the
+    targets measured are judged."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.overhead", "--quick", "--mode", "own",
+         "--results-dir", str(tmp_path)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=110, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    [path] = tmp_path.glob("overhead-*.json")
+    document = json.loads(path.read_text())
+    median = document["median"]
+    assert document["mode"] == "own"
+    assert median["nonstream.gateway.proxy_cpu_us_per_request"] > 0
+    assert median["nonstream.gateway.cpu_to_floor_ratio"] > 0
+    assert not [key for key in median if ".gateway64." in key or key.startswith("paced_stream.")]
+    judged = [t["key"] for t in document["targets"]]
+    assert "nonstream.gateway.proxy_cpu_us_per_request" in judged
+    assert "paced_stream.gateway.proxy_cpu_us_per_chunk" not in judged
