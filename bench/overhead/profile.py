@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from bench.overhead.fleet import CHAT_PATH, bench_fleet
@@ -79,18 +79,22 @@ def _short(frame: str) -> str:
     return f"{match['func']} ({path})"
 
 
-def stage_shares(raw: str) -> dict[str, float]:
-    """Each stage's inclusive share (0..1) of py-spy's raw stacks (``STAGES``)."""
-    stages: Counter[str] = Counter()
-    total = 0
+def _stacks(raw: str) -> Iterator[tuple[list[str], int]]:
+    """Each stack of py-spy's raw (collapsed) output, outermost frame first, with its count."""
     for line in raw.splitlines():
         stack, _, count_text = line.rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
-        count = int(count_text)
         frames = [f for f in stack.split(";") if f]
-        if not frames:
-            continue
+        if frames:
+            yield frames, int(count_text)
+
+
+def stage_shares(raw: str) -> dict[str, float]:
+    """Each stage's inclusive share (0..1) of py-spy's raw stacks (``STAGES``)."""
+    stages: Counter[str] = Counter()
+    total = 0
+    for frames, count in _stacks(raw):
         total += count
         for stage, files, is_own in STAGES:
             looked_at = frames[-1:] if is_own else frames
@@ -129,14 +133,8 @@ def summarise(raw: str, top: int) -> str:
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     total = 0
-    for line in raw.splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        frames = [_short(f) for f in stack.split(";") if f]
-        if not frames:
-            continue
+    for raw_frames, count in _stacks(raw):
+        frames = [_short(f) for f in raw_frames]
         total += count
         own[frames[-1]] += count
         for frame in set(frames):

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -120,23 +121,32 @@ async def test_renew_keeps_a_long_stream_lease(redis: aioredis.Redis, tenant: st
     assert (await store.acquire(tenant, limits, tokens=0, request_id=rid())).is_allowed
 
 
-def test_exact_across_replicas(redis_url: str, tenant: str) -> None:
-    """Three processes race one tenant at rpm=120: exactly 120 get in."""
+def race(redis_url: str, tenant: str, *args: str, rounds: int = 1) -> list[dict[str, Any]]:
+    """Three ``tests.admission.quota_replica`` processes started together on "go"; with
+    ``rounds`` 2, the second "go" once every replica says its settles were answered. Their
+    reports."""
     go_key = f"sy:test:go:{tenant}"
-    argv = [sys.executable, "-m", "tests.admission.quota_replica", redis_url, tenant, "120",
-            "80", go_key]
+    argv = [sys.executable, "-m", "tests.admission.quota_replica", redis_url, tenant, *args[:2],
+            go_key, *args[2:]]
     replicas = [subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE) for _ in range(3)]
     client = sync_redis.Redis.from_url(redis_url)
     try:
         deadline = time.monotonic() + 15
-        while int(client.get(go_key + ":ready") or 0) < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        client.rpush(go_key, 1, 2, 3)
-        results = [orjson.loads(replica.communicate(timeout=15)[0]) for replica in replicas]
+        waits = [(":ready", go_key), (":settled", go_key + ":2")][:rounds]
+        for counter, go in waits:
+            while int(client.get(go_key + counter) or 0) < 3 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            client.rpush(go, 1, 2, 3)
+        return [orjson.loads(replica.communicate(timeout=20)[0]) for replica in replicas]
     finally:
         for replica in replicas:
             replica.kill()
         client.close()
+
+
+def test_exact_across_replicas(redis_url: str, tenant: str) -> None:
+    """Three processes race one tenant at rpm=120: exactly 120 get in."""
+    results = race(redis_url, tenant, "120", "80")
     # The GCRA refills one request per 0.5 s: the race must end before the first refill.
     span_us = max(r["ended_us"] for r in results) - min(r["started_us"] for r in results)
     assert span_us < 500_000, f"replicas took {span_us} us, too slow to test exactness"
@@ -148,25 +158,7 @@ def test_exact_across_replicas(redis_url: str, tenant: str) -> None:
 def test_concurrency_exact_across_replicas(redis_url: str, tenant: str) -> None:
     """Three processes each make 30 acquires at once against max_concurrent=20 and hold
     them: exactly 20 get in, in all. All settled, the same burst again gets 20 in."""
-    go_key = f"sy:test:go:{tenant}"
-    argv = [sys.executable, "-m", "tests.admission.quota_replica", redis_url, tenant, "20",
-            "30", go_key, "concurrency"]
-    replicas = [subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE) for _ in range(3)]
-    client = sync_redis.Redis.from_url(redis_url)
-    try:
-        deadline = time.monotonic() + 15
-        while int(client.get(go_key + ":ready") or 0) < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        client.rpush(go_key, 1, 2, 3)
-        # Every replica's settles are answered before the second go.
-        while int(client.get(go_key + ":settled") or 0) < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        client.rpush(go_key + ":2", 1, 2, 3)
-        results = [orjson.loads(replica.communicate(timeout=20)[0]) for replica in replicas]
-    finally:
-        for replica in replicas:
-            replica.kill()
-        client.close()
+    results = race(redis_url, tenant, "20", "30", "concurrency", rounds=2)
     assert sum(r["admitted"][0] for r in results) == 20
     assert sum(r["admitted"][1] for r in results) == 20
     assert all(r["counters"]["num_redis_errors"] == 0 for r in results)
