@@ -77,18 +77,21 @@ def ttft_features(backend: BackendState, uncached_tokens: int, *, max_age_s: flo
     Requests ahead without a batch slot: the engine's waiting count, or this gateway's own
     in-flight requests beyond ``max_batch`` when that is larger (current, where the engine's
     count is a scrape old; all of them when this gateway is the engine's only client)."""
+    queued, num_running, num_ahead = _load(backend, max_age_s, worst_queued_tokens)
+    return TtftFeatures(queued, max(0, uncached_tokens), num_running, num_ahead)
+
+
+def _load(backend: BackendState, max_age_s: float, worst_queued_tokens: int
+          ) -> tuple[int, int, int]:
+    """``ttft_features``' queued tokens, running sequences and requests ahead."""
     in_flight = backend.num_in_flight_prompt_tokens
     max_batch = backend.profile.max_batch
     beyond_batch = 0 if max_batch is None else max(0, backend.num_in_flight - max_batch)
     if backend.age_s > max_age_s:
-        queued = worst_queued_tokens + in_flight
-        num_running = max(backend.num_running, backend.num_in_flight)
-        num_ahead = beyond_batch
-    else:
-        queued = max(backend.num_queued_prefill_tokens, in_flight)
-        num_running = backend.num_running
-        num_ahead = max(backend.num_waiting, beyond_batch)
-    return TtftFeatures(queued, max(0, uncached_tokens), num_running, num_ahead)
+        return (worst_queued_tokens + in_flight, max(backend.num_running, backend.num_in_flight),
+                beyond_batch)
+    return (max(backend.num_queued_prefill_tokens, in_flight), backend.num_running,
+            max(backend.num_waiting, beyond_batch))
 
 
 def snapshot_features(snapshot: FleetSnapshot, backend_name: str,
@@ -179,40 +182,21 @@ class TtftPredictor:
         of ``uncached_tokens[i]`` on ``backends[i]`` (features as ``ttft_features`` takes
         them), and that sum; the first of equals. The same figures as calling those per
         backend, computed in one pass without a features object per backend: admission runs
-        this over every candidate of every request. ``backends`` must not be empty."""
-        # ttft_features, _vector, predict_s, _seed_theta and margin_s inlined, in the same
-        # order of float operations (tests/admission/test_predictor.py checks the figures
-        # equal); a change to one of those must be made here too.
+        this over the backends routing scored, for every request. ``backends`` must not be
+        empty."""
+        # _vector, predict_s and margin_s's cache inlined, in the same order of float
+        # operations (tests/admission/test_predictor.py checks the figures equal); a change to
+        # one of those must be made here too.
         models, step_tokens = self._models, self.config.step_tokens
         margins, num_observed = self._margins, self._num_observed
-        fleet_theta = self._fleet.theta
         best_index, best_s = 0, math.inf
         for index, b in enumerate(backends):
             name = b.name
-            in_flight = b.num_in_flight_prompt_tokens
-            max_batch = b.profile.max_batch
-            beyond = 0 if max_batch is None else max(0, b.num_in_flight - max_batch)
-            if b.age_s > max_age_s:
-                queued = worst_queued_tokens + in_flight
-                num_running = max(b.num_running, b.num_in_flight)
-                num_ahead = beyond
-            else:
-                queued = max(b.num_queued_prefill_tokens, in_flight)
-                num_running = b.num_running
-                num_ahead = max(b.num_waiting, beyond)
+            queued, num_running, num_ahead = _load(b, max_age_s, worst_queued_tokens)
             prefill = queued + max(0, uncached_tokens[index])
             steps = max(1.0, prefill / step_tokens)
             model = models.get(name)
-            if model is not None:
-                t0, t1, t2, t3 = model.theta
-            else:  # _seed_theta, inlined: most of a large fleet may not have answered yet
-                t0, t1, t2, t3 = fleet_theta
-                profile = b.profile
-                advertised = profile.prefill_tokens_per_s
-                if advertised is not None and advertised > 0:
-                    t1 = _TOKEN_SCALE / advertised
-                elif profile.relative_speed != 1.0:
-                    t1 /= profile.relative_speed
+            t0, t1, t2, t3 = model.theta if model is not None else self._seed_theta(b)
             cached = margins.get(name)  # margin_s's cache, looked up here: no call per backend
             margin_s = (cached[1] if cached is not None
                         and num_observed.get(name, 0) - cached[0] < 16 else self.margin_s(name))
