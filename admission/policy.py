@@ -233,19 +233,13 @@ def decide(request: AdmissionRequest, snapshot: FleetSnapshot, predictor: TtftEs
                                             worst_queued_tokens=worst_queued)
     best = predicted[best_index]
     expected_s = waited_s + best_s
+    # Room anywhere in the fleet counts, not only in the shortlist: the dispatcher would
+    # start the request there.
     max_age_s, max_tokens = snapshot.max_age_s, request.max_tokens
     has_capacity = any(
-        backend_has_capacity(b, max_age_s=max_age_s, config=config,
-                             needed_kv_tokens=needed_kv_tokens(uncached, 0, max_tokens))
-        for b, uncached in uncached_by_backend)
-    if not has_capacity and predicted is not candidates:
-        # Room elsewhere in the fleet still counts: the dispatcher would start it there.
-        scored = {b.name for b in predicted}
-        has_capacity = any(
-            backend_has_capacity(b, max_age_s=max_age_s, config=config,
-                                 needed_kv_tokens=needed_kv_tokens(
-                                     request.uncached_for(b.name, prefix), 0, max_tokens))
-            for b in candidates if b.name not in scored)
+        backend_has_capacity(b, max_age_s=max_age_s, config=config, needed_kv_tokens=(
+            needed_kv_tokens(request.uncached_for(b.name, prefix), 0, max_tokens)))
+        for b in candidates)
     held_for_higher = False
     if has_capacity and reserved_slots > 0:
         room = fleet_free_slots(snapshot, config, request.model)
