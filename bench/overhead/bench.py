@@ -209,14 +209,12 @@ _STAGE_PHASE = {"nonstream": "nonstream", "paced": "paced_stream"}
 
 
 def measure_stages(fleet: BenchFleet, summary: Figures, duration_s: float) -> Figures:
-    """``stages.<load>.<endpoint>.<stage>`` µs per request (see ``STAGE_PROFILES``), and each
-    profile's sample count, for ``summary`` (the medians) of the same fleet."""
-    urls = {"gateway": (fleet.gateway_url, fleet.gateway_pid),
-            "gateway64": (fleet.large_url, fleet.large_pid),
-            "floor": (fleet.floor_url, fleet.floor_pid)}
+    """``stages.<load>.<endpoint>.<stage>`` µs per request (see ``STAGE_PROFILES``), and
+    ``...total``, the CPU per request they share, for ``summary`` (the medians) of the same
+    fleet."""
     out: Figures = {}
     for target, load in STAGE_PROFILES:
-        url, pid = urls[target]
+        url, pid = fleet.proxy(target)
         if not url or f"{_STAGE_PHASE[load]}.{target}.proxy_cpu_us_per_request" not in summary:
             continue  # own fleet: no 64-backend gateway, no paced load
         raw = record(url, pid, fleet.api_key, fleet.model, LOADS[load], duration_s=duration_s)

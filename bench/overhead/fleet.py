@@ -60,6 +60,13 @@ class BenchFleet:
     large_pid: int = 0
     mode: str = "third-party"
 
+    def proxy(self, endpoint: str) -> tuple[str, int]:
+        """URL and process id of a proxy under test: "gateway", "gateway64" ("" and 0 in own
+        mode) or "floor" (the bare proxy)."""
+        return {"gateway": (self.gateway_url, self.gateway_pid),
+                "gateway64": (self.large_url, self.large_pid),
+                "floor": (self.floor_url, self.floor_pid)}[endpoint]
+
     def streamed_chunks(self) -> float:
         """The gateway's count of chunks relayed to clients (its Prometheus counter)."""
         text = httpx.get(self.gateway_url + "/metrics", timeout=10).text

@@ -164,9 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raw-out", type=Path, help="also keep py-spy's collapsed stacks here")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="sy-prof-") as tmp, bench_fleet(Path(tmp)) as fleet:
-        url, pid = {"gateway": (fleet.gateway_url, fleet.gateway_pid),
-                    "gateway64": (fleet.large_url, fleet.large_pid),
-                    "floor": (fleet.floor_url, fleet.floor_pid)}[args.endpoint]
+        url, pid = fleet.proxy(args.endpoint)
         raw = record(url, pid, fleet.api_key, fleet.model, LOADS[args.load],
                      duration_s=args.duration, rate=args.rate, native=args.native)
     if args.raw_out:
