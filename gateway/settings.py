@@ -241,6 +241,10 @@ class AdmissionSettings(_Strict):
         "open", description="when Redis is unreachable: local limits only (open) or 503 (closed)")
     lease_ttl_s: float = Field(60.0, gt=0, description="a crashed gateway's leases expire after")
     redis_timeout_s: float = Field(0.25, gt=0)
+    quota_block_s: float = Field(
+        0.1, ge=0, le=10,
+        description="a busy tenant's quota credit is drawn from Redis in blocks lasting about "
+                    "this long and spent in the replica (0: every request judged in Redis)")
     default_output_tokens: int = Field(
         256, ge=1, description="output tokens reserved when a request sets no max_tokens")
     slo_enabled: bool = Field(

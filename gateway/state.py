@@ -76,5 +76,6 @@ def open_state(settings: Settings) -> GatewayState:
     return GatewayState(
         redis=redis, store=store, auth=Authenticator(store, redis, ttl_s=settings.key_cache_ttl_s),
         quotas=QuotaStore(redis, lease_ttl_s=admission.lease_ttl_s,
-                          fail_mode=admission.fail_mode, timeout_s=admission.redis_timeout_s),
+                          fail_mode=admission.fail_mode, timeout_s=admission.redis_timeout_s,
+                          block_s=admission.quota_block_s),
     )

@@ -38,11 +38,18 @@ end
 OPS = _PRELUDE + """
 -- KEYS: req, tok, held (one tenant). ARGV: lease_ttl_ms, concurrency_hint_ms, replica, then
 -- ops, each a letter and its arguments, applied in order on the same clock:
---   A rpm tpm max_concurrent tokens seq held   acquire: "allowed refused_code
---       retry_after_ms(-1: none) remaining_requests reset_requests_ms remaining_tokens
---       reset_tokens_ms num_leases"; held: this replica's leases of the tenant before it
+--   A rpm tpm max_concurrent tokens seq held need ret_req ret_tok ext_req ext_tok ext_slots
+--       acquire: "allowed refused_code retry_after_ms(-1: none) remaining_requests
+--       reset_requests_ms remaining_tokens reset_tokens_ms num_leases extra_requests
+--       extra_tokens own_count"; held: this replica's count before it, need: its count with
+--       it (held when the request takes a slot the replica already holds); ret_*: credit the
+--       replica gives back first (µs of debt; negative: a charge owed); ext_*: the block it
+--       asks for besides the request (admission/quota/budget.py), granted only if the
+--       request is, and at most a quarter of the room left after it
 --   S tpm reserved_tokens actual_tokens seq held   settle: "1"; held -1: no lease to count
 --   H seq held                                    this replica's count: "1" if it was live
+--   R seq held ret_req ret_tok                    credit given back, and the count (-1: kept)
+--                                                 "1" if the count was live
 -- The held hash has a field per gateway replica, "count seq expiry_us": how many leases
 -- the replica holds, as of its op number seq (increasing per replica), live until the
 -- expiry (lease_ttl on from its last write). An op with a seq no newer than the field's is
@@ -83,13 +90,17 @@ local function set_own(seq, held)
   load_held()
   if seq > own_seq then own_seq, own_count, own_dirty, own_live = seq, held, true, true end
 end
-local function acquire(rpm, tpm, conc, tokens, seq, held)
+local function give_back(i, credit)
+  if credit ~= 0 then set_debt(i, math.max(0, get_debt(i) - credit)) end
+end
+local function acquire(rpm, tpm, conc, tokens, seq, held, need, ext_req, ext_tok, ext_slots)
   if conc > 0 then load_held() end
   local code, wait = 0, 0
   local function refuse(c, w)
     if code ~= 4 and (code == 0 or w > wait) then code, wait = c, w end
   end
   local req_d, req_step, tok_d, tok_step, n = 0, 0, 0, 0, 0
+  local e_req, e_tok, e_slots = 0, 0, 0
   if rpm > 0 then
     req_d, req_step = get_debt(1), WINDOW / rpm
     if req_d + req_step - WINDOW > EPS then refuse(1, req_d + req_step - WINDOW) end
@@ -101,12 +112,32 @@ local function acquire(rpm, tpm, conc, tokens, seq, held)
   end
   if conc > 0 then
     n = others + held
-    if n >= conc then refuse(3, math.min(hint, ttl)) end
+    if need > held and others + need > conc then refuse(3, math.min(hint, ttl)) end
   end
   if code == 0 then
-    if rpm > 0 then req_d = req_d + req_step ; set_debt(1, req_d) end
-    if tpm > 0 then tok_d = tok_d + tok_step ; set_debt(2, tok_d) end
-    if conc > 0 then set_own(seq, held + 1) ; n = n + 1 end
+    if rpm > 0 then
+      req_d = req_d + req_step
+      if ext_req > 0 then
+        e_req = math.min(ext_req, math.floor((WINDOW - req_d) / req_step / 4 + 1e-9))
+        req_d = req_d + e_req * req_step
+      end
+      set_debt(1, req_d)
+    end
+    if tpm > 0 then
+      tok_d = tok_d + tok_step
+      if ext_tok > 0 then
+        e_tok = math.min(ext_tok, math.floor((WINDOW - tok_d) * tpm / WINDOW / 4 + 1e-9))
+        tok_d = tok_d + e_tok * WINDOW / tpm
+      end
+      set_debt(2, tok_d)
+    end
+    if conc > 0 then
+      if ext_slots > 0 then
+        e_slots = math.max(0, math.min(ext_slots, math.floor((conc - others - need) / 4)))
+      end
+      set_own(seq, need + e_slots)
+      n = others + need
+    end
   elseif conc > 0 then
     set_own(seq, held)
   end
@@ -115,17 +146,22 @@ local function acquire(rpm, tpm, conc, tokens, seq, held)
   if tpm > 0 then rem_tok = math.max(0, math.floor((WINDOW - tok_d) * tpm / WINDOW + 1e-6)) end
   local retry = -1
   if code ~= 0 and code ~= 4 then retry = math.max(1, math.ceil(wait / 1000)) end
-  return string.format('%d %d %d %d %d %d %d %d', code == 0 and 1 or 0, code, retry, rem_req,
-                       math.ceil(req_d / 1000), rem_tok, math.ceil(tok_d / 1000), n)
+  return string.format('%d %d %d %d %d %d %d %d %d %d %d', code == 0 and 1 or 0, code, retry,
+                       rem_req, math.ceil(req_d / 1000), rem_tok, math.ceil(tok_d / 1000), n,
+                       e_req, e_tok, own_count)
 end
 local replies, i, bad = {}, 4, nil
 while i <= #ARGV do
   local op = ARGV[i]
   if op == 'A' then
+    give_back(1, tonumber(ARGV[i + 8]))
+    give_back(2, tonumber(ARGV[i + 9]))
     replies[#replies + 1] = acquire(tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]),
                                     tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4]),
-                                    tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6]))
-    i = i + 7
+                                    tonumber(ARGV[i + 5]), tonumber(ARGV[i + 6]),
+                                    tonumber(ARGV[i + 7]), tonumber(ARGV[i + 10]),
+                                    tonumber(ARGV[i + 11]), tonumber(ARGV[i + 12]))
+    i = i + 13
   elseif op == 'S' then
     local tpm, reserved, actual = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]),
                                   tonumber(ARGV[i + 3])
@@ -142,6 +178,17 @@ while i <= #ARGV do
     set_own(tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
     replies[#replies + 1] = was_live and '1' or '0'
     i = i + 3
+  elseif op == 'R' then
+    give_back(1, tonumber(ARGV[i + 3]))
+    give_back(2, tonumber(ARGV[i + 4]))
+    local held, was_live = tonumber(ARGV[i + 2]), true
+    if held >= 0 then
+      load_held()
+      was_live = own_live
+      set_own(tonumber(ARGV[i + 1]), held)
+    end
+    replies[#replies + 1] = was_live and '1' or '0'
+    i = i + 5
   else
     bad = op
     break

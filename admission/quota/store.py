@@ -41,6 +41,7 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from admission.quota.budget import WINDOW_US, Budget, Limits3
 from admission.quota.local import LocalLimiter
 from admission.quota.lua import OPS_SCRIPT
 from admission.quota.pipe import ScriptPipe
@@ -122,6 +123,8 @@ class QuotaStore:
         send_idle_calls_at_once: bool = True,
         settle_delay_s: float = 0.05,
         own_connection: bool = True,
+        block_s: float = 0.1,
+        idle_s: float | None = None,
     ) -> None:
         if fail_mode not in ("open", "closed"):
             raise ValueError(f"fail_mode must be 'open' or 'closed', not {fail_mode!r}")
@@ -161,11 +164,23 @@ class QuotaStore:
         self.num_fail_closed = 0
         self.num_redis_errors = 0
         self.num_outages = 0
+        # Budgets drawn from Redis in blocks and spent here (admission/quota/budget.py);
+        # block_s 0: every request is judged in Redis.
+        self._block_s = block_s
+        self._idle_s = idle_s if idle_s is not None else max(10 * block_s, 0.5)
+        self._budgets: dict[str, Budget] = {}
+        self._sweep_handle: asyncio.TimerHandle | None = None
+        self.num_spent_here = 0
 
     @property
     def num_script_loads(self) -> int:
         """Script calls sent again with ``EVAL`` after a ``NOSCRIPT``."""
         return self._batcher.num_script_loads
+
+    @property
+    def num_budgets(self) -> int:
+        """Tenants with a budget in this replica (admission/quota/budget.py)."""
+        return len(self._budgets)
 
     @property
     def is_redis_down(self) -> bool:
@@ -183,29 +198,58 @@ class QuotaStore:
             "num_outages": self.num_outages,
             "num_script_loads": self.num_script_loads,
             "num_redis_round_trips": self._batcher.num_round_trips,
+            "num_spent_here": self.num_spent_here,
         }
 
     async def acquire(self, tenant_id: str, limits: LimitsLike, *, tokens: int,
                       request_id: str) -> QuotaDecision:
         """Admit one request of ``tokens`` (prompt + reserved output) or say why not.
 
-        One op of ``OPS_SCRIPT``, in one command with the tenant's other ops of this loop
-        iteration; all-or-nothing: a refused request charges nothing and holds no lease.
+        Spent from the tenant's budget here when it holds enough (no Redis call), else one op
+        of ``OPS_SCRIPT``, in one command with the tenant's other ops of this loop iteration,
+        which gives back the budget's credit and draws the request and the next block;
+        all-or-nothing: a refused request charges nothing and holds no lease.
         """
         self.num_acquires += 1
         rpm = normalize_limit(limits.requests_per_minute)
         tpm = normalize_limit(limits.tokens_per_minute)
         max_concurrent = normalize_limit(limits.max_concurrent)
+        now_s = self._clock()
+        budget = self._budget(tenant_id, (rpm, tpm, max_concurrent), now_s)
+        if budget is not None:
+            num_in_flight = len(self._leases(tenant_id)) if max_concurrent else 0
+            if budget.limits == (rpm, tpm, max_concurrent) and budget.can_spend(
+                    tokens, num_in_flight):
+                budget.spend(tokens, now_s)
+                if max_concurrent:
+                    self._held[tenant_id][request_id] = now_s + self.lease_ttl_s
+                self.num_spent_here += 1
+                return _decision(budget.limits, budget.remaining(now_s), tokens=tokens,
+                                 num_leases=num_in_flight + 1)
+            budget.limits = (rpm, tpm, max_concurrent)
+            budget.counted(tokens, now_s)
+        seq = held = need = 0
         if max_concurrent:
             if self._resync and self._clock() >= self._skip_redis_until:
                 await self._send_counts()  # before this lease is counted here
-            held = self._leases(tenant_id)
-            num_before = len(held)
-            held[request_id] = self._clock() + self.lease_ttl_s  # counted from now on
-            args: tuple[str | int, ...] = (*self._header, "A", rpm, tpm, max_concurrent, tokens,
-                                           next(self._seq), num_before)
-        else:
-            args = (*self._header, "A", rpm, tpm, 0, tokens, 0, 0)
+            leases = self._leases(tenant_id)
+            held = num_before = len(leases)
+            leases[request_id] = self._clock() + self.lease_ttl_s  # counted from now on
+            seq = next(self._seq)
+            if budget is not None:
+                held = budget.count(num_before)  # the slots kept, this request's among them
+                budget.reserved = min(budget.reserved, held)
+                budget.last_seq, budget.written_s = seq, now_s
+            need = held if held > num_before else num_before + 1
+        credit: tuple[float, float] = (0.0, 0.0)
+        block = (0, 0, 0)
+        if budget is not None:
+            credit = budget.take_credit()
+            block = budget.want(now_s, self._block_s)
+            if max_concurrent:
+                budget.sent = need + block[2]
+        args = (*self._header, "A", rpm, tpm, max_concurrent, tokens, seq, held, need,
+                _micros(credit[0]), _micros(credit[1]), *block)
         reply = await self._call(ops_keys(tenant_id), args)
         if reply is None:
             if max_concurrent:
@@ -214,21 +258,25 @@ class QuotaStore:
                 self._drop_lease(tenant_id, request_id, resync=True)
             decision = self._fallback(tenant_id, limits, tokens=tokens, request_id=request_id)
         else:
-            allowed, code, retry_ms, rem_req, reset_req, rem_tok, reset_tok, num_leases = map(
-                int, reply.split())
-            decision = QuotaDecision(
-                is_allowed=bool(allowed), refused_by=REFUSED_BY_CODE[code],
-                retry_after_ms=retry_ms if retry_ms >= 0 else None,
-                limit_requests=rpm or None,
-                remaining_requests=rem_req if rpm else None,
-                reset_requests_ms=reset_req if rpm else None,
-                limit_tokens=tpm or None,
-                remaining_tokens=rem_tok if tpm else None,
-                reset_tokens_ms=reset_tok if tpm else None,
-                limit_concurrent=max_concurrent or None,
-                num_leases=num_leases if max_concurrent else None,
-                requested_tokens=tokens,
-            )
+            (allowed, code, retry_ms, rem_req, reset_req, rem_tok, reset_tok, num_leases,
+             extra_req, extra_tok, own_count) = map(int, reply.split())
+            figures = (rem_req, reset_req, rem_tok, reset_tok)
+            if budget is not None:
+                now_s = self._clock()
+                budget.replied_s = now_s
+                (budget.remaining_requests, budget.reset_requests_ms,
+                 budget.remaining_tokens, budget.reset_tokens_ms) = figures
+                if allowed:
+                    budget.granted((extra_req, extra_tok), max(0, own_count - need))
+                else:
+                    budget.forget_block()
+                if max_concurrent and seq == budget.last_seq:
+                    budget.reserved = budget.sent = own_count
+                figures = budget.remaining(now_s)
+            decision = _decision(
+                (rpm, tpm, max_concurrent), figures, tokens=tokens, num_leases=num_leases,
+                allowed=bool(allowed), refused_by=REFUSED_BY_CODE[code],
+                retry_after_ms=retry_ms if retry_ms >= 0 else None)
         if not decision.is_allowed:
             self.num_refused += 1
             if max_concurrent:
@@ -237,6 +285,91 @@ class QuotaStore:
                 self._drop_lease(tenant_id, request_id, resync=False)
                 self._send_count_soon(tenant_id)
         return decision
+
+    # -- this replica's budgets -------------------------------------------------------
+    def _budget(self, tenant_id: str, limits: Limits3, now_s: float) -> Budget | None:
+        """The tenant's budget here (made on its first acquire); None without blocks."""
+        if self._block_s <= 0:
+            return None
+        budget = self._budgets.get(tenant_id)
+        if budget is None:
+            budget = self._budgets[tenant_id] = Budget(limits, now_s)
+            self._arm_sweep()
+        return budget
+
+    def _settle_here(self, budget: Budget, tenant_id: str, limits: LimitsLike,
+                     reserved_tokens: int, actual_tokens: int, request_id: str) -> bool:
+        """Put a finished request's slot and unused tokens back in the budget; whether it
+        held a lease here."""
+        tpm = normalize_limit(limits.tokens_per_minute)
+        if tpm:
+            budget.tok_us += (reserved_tokens - actual_tokens) * WINDOW_US / tpm
+        if not normalize_limit(limits.max_concurrent):
+            return True
+        was_held = request_id in self._held.get(tenant_id, ())
+        self._drop_lease(tenant_id, request_id, resync=False)
+        return was_held
+
+    def _num_in_flight(self, tenant_id: str) -> int:
+        return len(self._leases(tenant_id)) if tenant_id in self._held else 0
+
+    def _return_args(self, tenant_id: str, budget: Budget, *,
+                     everything: bool = False) -> tuple[str | int, ...]:
+        """The op giving back what the budget holds beyond what it may keep (``everything``:
+        all of it), with this replica's count of slots."""
+        if everything:
+            budget.forget_block()
+        req_us, tok_us = budget.take_excess()
+        seq, count = 0, -1
+        if budget.limits[2] or tenant_id in self._held:
+            count = budget.sent = budget.count(self._num_in_flight(tenant_id))
+            budget.reserved = min(budget.reserved, count)
+            seq = next(self._seq)
+            budget.last_seq, budget.written_s = seq, self._clock()
+        return (*self._header, "R", seq, count, _micros(req_us), _micros(tok_us))
+
+    def _return_soon(self, tenant_id: str, budget: Budget) -> None:
+        """Give back the budget's excess with the next op sent, or after ``settle_delay_s``,
+        as a settle without a budget goes."""
+        if self._clock() < self._skip_redis_until:
+            return  # kept here; the next op or sweep gives it back
+        args = self._return_args(tenant_id, budget)
+        if self.settle_delay_s > 0:
+            future = self._batcher.defer(OPS_SCRIPT, ops_keys(tenant_id), args,
+                                         self.settle_delay_s)
+            future.add_done_callback(functools.partial(self._on_settled, tenant_id))
+        else:
+            self._send_op(tenant_id, args)
+
+    def _send_op(self, tenant_id: str, args: tuple[str | int, ...]) -> asyncio.Future[Any]:
+        future = self._batcher.call(OPS_SCRIPT, ops_keys(tenant_id), args)
+        future.add_done_callback(functools.partial(self._on_settled, tenant_id))
+        return future
+
+    def _arm_sweep(self) -> None:
+        if self._sweep_handle is None and self._budgets:
+            interval_s = min(self._idle_s / 2, self.lease_ttl_s / 6)
+            self._sweep_handle = asyncio.get_running_loop().call_later(interval_s, self._sweep)
+
+    def _sweep(self) -> None:
+        """Give back the budgets of tenants idle for ``idle_s`` (and drop them once empty);
+        renew this replica's count for the others every ``lease_ttl_s / 3``: spending here
+        writes nothing to Redis."""
+        self._sweep_handle = None
+        now_s = self._clock()
+        if now_s >= self._skip_redis_until:
+            for tenant_id, budget in list(self._budgets.items()):
+                num_in_flight = self._num_in_flight(tenant_id)
+                if now_s - budget.used_s >= self._idle_s:
+                    if budget.is_empty(num_in_flight):
+                        del self._budgets[tenant_id]
+                    else:
+                        self._send_op(tenant_id,
+                                      self._return_args(tenant_id, budget, everything=True))
+                elif (budget.count(num_in_flight) > 0
+                      and now_s - budget.written_s >= self.lease_ttl_s / 3):
+                    self._send_op(tenant_id, self._return_args(tenant_id, budget))
+        self._arm_sweep()
 
     # -- this replica's leases --------------------------------------------------------
     def _leases(self, tenant_id: str) -> OrderedDict[str, float]:
@@ -265,8 +398,14 @@ class QuotaStore:
         return count
 
     def _count_args(self, tenant_id: str) -> tuple[str | int, ...]:
-        num_leases = len(self._leases(tenant_id)) if tenant_id in self._held else 0
-        return (*self._header, "H", next(self._seq), num_leases)
+        count = self._num_in_flight(tenant_id)
+        seq = next(self._seq)
+        budget = self._budgets.get(tenant_id)
+        if budget is not None:
+            count = budget.sent = budget.count(count)
+            budget.reserved = min(budget.reserved, count)
+            budget.last_seq, budget.written_s = seq, self._clock()
+        return (*self._header, "H", seq, count)
 
     def _mark_resync(self, tenant_id: str) -> None:
         """Redis may have the tenant's count wrong: send it again once Redis answers."""
@@ -298,6 +437,17 @@ class QuotaStore:
                                       actual_tokens=actual_tokens, request_id=request_id,
                                       now_s=self._clock())
         limited = bool(normalize_limit(limits.max_concurrent))
+        budget = self._budgets.get(tenant_id)
+        if budget is not None:
+            was_held = self._settle_here(budget, tenant_id, limits, reserved_tokens,
+                                         actual_tokens, request_id)
+            if not budget.has_excess(self._num_in_flight(tenant_id)):
+                return was_held
+            reply = await self._call(ops_keys(tenant_id), self._return_args(tenant_id, budget),
+                                     deferrable=True)
+            if reply is None and limited:
+                self._mark_resync(tenant_id)
+            return was_held and reply is not None
         was_held = not limited or request_id in self._held.get(tenant_id, ())
         args = self._settle_args(tenant_id, limits, reserved_tokens, actual_tokens, request_id)
         reply = await self._call(ops_keys(tenant_id), args, deferrable=True)
@@ -325,6 +475,13 @@ class QuotaStore:
             self._local.settle(tenant_id, limits, reserved_tokens=reserved_tokens,
                                actual_tokens=actual_tokens, request_id=request_id,
                                now_s=self._clock())
+            return
+        budget = self._budgets.get(tenant_id)
+        if budget is not None:
+            self._settle_here(budget, tenant_id, limits, reserved_tokens, actual_tokens,
+                              request_id)
+            if budget.has_excess(self._num_in_flight(tenant_id)):
+                self._return_soon(tenant_id, budget)
             return
         if self._clock() < self._skip_redis_until:
             # Redis is down: the lease is forgotten here and its count sent when it is back;
@@ -359,8 +516,17 @@ class QuotaStore:
             log.error("quota store: settle failed: %r", exc)
 
     async def aclose(self) -> None:
-        """Send the deferred settles (waiting up to 1 s for them) and close the store's own
-        Redis connection, if it has one (not the client's)."""
+        """Give back every budget, send the deferred settles (waiting up to 1 s for them) and
+        close the store's own Redis connection, if it has one (not the client's)."""
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+            self._sweep_handle = None
+        if self._clock() >= self._skip_redis_until:
+            for tenant_id, budget in self._budgets.items():
+                if not budget.is_empty(self._num_in_flight(tenant_id)):
+                    self._send_op(tenant_id,
+                                  self._return_args(tenant_id, budget, everything=True))
+        self._budgets.clear()
         await self._batcher.aclose()
 
     async def renew(self, tenant_id: str, request_id: str) -> bool:
@@ -447,3 +613,29 @@ class QuotaStore:
         self.num_fail_open += 1
         return self._local.acquire(tenant_id, limits, tokens=tokens, request_id=request_id,
                                    now_s=self._clock())
+
+
+def _micros(value: float) -> str | int:
+    """Credit for an op: µs of debt to 1 ns, or 0."""
+    return 0 if abs(value) < 1e-3 else f"{value:.3f}"
+
+
+def _decision(limits: Limits3, figures: tuple[int, int, int, int], *, tokens: int,
+              num_leases: int, allowed: bool = True, refused_by: Any = None,
+              retry_after_ms: int | None = None) -> QuotaDecision:
+    """A decision with the headers' figures (remaining requests, their reset, remaining
+    tokens, their reset) for the limits set."""
+    rpm, tpm, max_concurrent = limits
+    rem_req, reset_req, rem_tok, reset_tok = figures
+    return QuotaDecision(
+        is_allowed=allowed, refused_by=refused_by, retry_after_ms=retry_after_ms,
+        limit_requests=rpm or None,
+        remaining_requests=rem_req if rpm else None,
+        reset_requests_ms=reset_req if rpm else None,
+        limit_tokens=tpm or None,
+        remaining_tokens=rem_tok if tpm else None,
+        reset_tokens_ms=reset_tok if tpm else None,
+        limit_concurrent=max_concurrent or None,
+        num_leases=num_leases if max_concurrent else None,
+        requested_tokens=tokens,
+    )

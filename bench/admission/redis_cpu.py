@@ -50,7 +50,8 @@ def run_shape(client: redis.Redis, pid: int, num_pairs: int, batch: int, num_ten
                 seq += 1
                 op: Sequence[str | int]
                 if kind == "A":
-                    op = (kind, rpm, tpm, conc, 500, seq, held[tenant])
+                    op = (kind, rpm, tpm, conc, 500, seq, held[tenant], held[tenant] + 1,
+                          0, 0, 0, 0, 0)  # no credit back, no block
                     held[tenant] += 1
                 else:
                     held[tenant] -= 1

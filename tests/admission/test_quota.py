@@ -271,9 +271,11 @@ async def test_one_script_call_per_acquire(redis: aioredis.Redis, tenant: str) -
 async def test_client_cpu_per_acquire(redis: aioredis.Redis, tenant: str,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     """Not a speed assertion: prints the client-side CPU per acquire, on the store's own
-    connection and through redis-py, next to a bare redis-py PING."""
-    store, num_calls = QuotaStore(redis), 2000
-    via_redis_py = QuotaStore(redis, own_connection=False)
+    connection and through redis-py (each request judged in Redis: no budget), next to a
+    bare redis-py PING and to an acquire + settle pair spent from the tenant's budget."""
+    store, num_calls = QuotaStore(redis, block_s=0), 2000
+    via_redis_py = QuotaStore(redis, own_connection=False, block_s=0)
+    budgeted = QuotaStore(redis)
     limits = QuotaLimits(requests_per_minute=10**6, tokens_per_minute=10**9,
                          max_concurrent=10**6)
     await store.acquire(tenant, limits, tokens=100, request_id=rid())
@@ -291,11 +293,23 @@ async def test_client_cpu_per_acquire(redis: aioredis.Redis, tenant: str,
     redis_py_cpu, redis_py_wall = await measure(
         lambda: via_redis_py.acquire(tenant, limits, tokens=100, request_id=rid()))
     ping_cpu, ping_wall = await measure(redis.ping)
+
+    async def pair() -> None:
+        request_id = rid()
+        await budgeted.acquire(tenant, limits, tokens=100, request_id=request_id)
+        budgeted.settle_soon(tenant, limits, reserved_tokens=100, actual_tokens=50,
+                             request_id=request_id)
+
+    pair_cpu, pair_wall = await measure(pair)
+    assert budgeted.counters()["num_spent_here"] > num_calls // 2
     with capsys.disabled():
         print(f"\nquota acquire: {acquire_cpu:.0f} us client CPU, {acquire_wall:.0f} us wall "
               f"(through redis-py: {redis_py_cpu:.0f} us, {redis_py_wall:.0f} us); "
-              f"PING: {ping_cpu:.0f} us CPU, {ping_wall:.0f} us wall ({num_calls} calls each)")
-    await store.aclose()
+              f"PING: {ping_cpu:.0f} us CPU, {ping_wall:.0f} us wall; acquire + settle from "
+              f"a budget: {pair_cpu:.0f} us CPU, {pair_wall:.0f} us wall ({num_calls} calls "
+              f"each)")
+    for closing in (store, via_redis_py, budgeted):
+        await closing.aclose()
 
 
 async def test_leases_cost_redis_no_command_of_their_own(redis: aioredis.Redis,

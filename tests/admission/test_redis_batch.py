@@ -439,6 +439,12 @@ async def test_aclose_sends_the_deferred_settles(redis: aioredis.Redis,
     await other.aclose()
 
 
+def acquire_op(rpm: int, tpm: int, max_concurrent: int, tokens: int, seq: int,
+               held: int) -> tuple[str | int, ...]:
+    """An acquire op as the store sends it without a budget: no credit back, no block."""
+    return ("A", rpm, tpm, max_concurrent, tokens, seq, held, held + 1, 0, 0, 0, 0, 0)
+
+
 def transport(client: aioredis.Redis, own_connection: bool) -> ScriptPipe:
     if own_connection:
         address = RespAddress.of(client)
@@ -459,9 +465,9 @@ async def test_a_merged_command_answers_each_op_as_sequential_calls_would(
     server = ServerCounts(redis)
     await server.start()
     # As the store sends them: each op numbered, with this replica's count of leases then.
-    ops = [("A", 0, 1000, 2, 100, 1, 0), ("A", 0, 1000, 2, 100, 2, 1),
-           ("A", 0, 1000, 2, 100, 3, 2), ("S", 1000, 100, 40, 4, 1),
-           ("A", 0, 1000, 2, 100, 5, 1), ("H", 6, 2)]
+    ops = [acquire_op(0, 1000, 2, 100, 1, 0), acquire_op(0, 1000, 2, 100, 2, 1),
+           acquire_op(0, 1000, 2, 100, 3, 2), ("S", 1000, 100, 40, 4, 1),
+           acquire_op(0, 1000, 2, 100, 5, 1), ("H", 6, 2)]
     futures = [pipe.call(OPS_SCRIPT, keys, (*header, *op)) for op in ops]
     bad = pipe.call(OPS_SCRIPT, other_keys, (*header, "X", "oops"))
     fine = pipe.call(OPS_SCRIPT, ops_keys(new_tenant()), (*header, "H", 1, 0))
@@ -489,7 +495,7 @@ async def test_ops_beyond_the_merge_bound_go_in_more_commands(redis: aioredis.Re
     server = ServerCounts(redis)
     await server.start()
     count = 2 * MAX_MERGED_OPS + 1
-    futures = [pipe.call(OPS_SCRIPT, keys, (*header, "A", count, 0, 0, 0, 0, 0))
+    futures = [pipe.call(OPS_SCRIPT, keys, (*header, *acquire_op(count, 0, 0, 0, 0, 0)))
                for _ in range(count)]
     replies = [await future for future in futures]
     assert (await server.stop())[0] == 3
