@@ -10,11 +10,12 @@ what a replica keeps for its next requests.
 
 A block is never more than ``BLOCK_SHARE`` of a limit (1/128: none at all for limits under
 128), nor a quarter of the room Redis has left (the script's own cap): near a limit blocks
-shrink to nothing and every request is judged in Redis exactly as without blocks. Credit held
-by one replica is not available to another: it is returned when the tenant has been idle for
-``idle_s``, or with the tenant's next op, so it can only make a tenant be refused early, never
-let it over its limit. Block sizes follow this replica's rate for the tenant: a block lasts
-about ``block_s``, doubling while it is used up faster.
+shrink to nothing and every request is judged in Redis exactly as without blocks. A budget
+holds at most ``KEEP_BLOCKS`` of its last block. Credit held by one replica is not available to
+another: it is returned when the tenant has been idle for ``idle_s``, or with the tenant's next
+op, so it can only make a tenant be refused early, never let it over its limit. Block sizes
+follow this replica's rate for the tenant: a block lasts about ``block_s``, doubling while it
+is used up faster.
 
 Example::
 
@@ -33,6 +34,7 @@ from admission.quota.types import WINDOW_MS
 WINDOW_US = WINDOW_MS * 1000
 BLOCK_SHARE = 128  # a block is at most limit // BLOCK_SHARE
 MAX_BLOCK = 1024  # requests (and as many slots) per block, whatever the limit
+KEEP_BLOCKS = 2  # a budget may hold up to this many of its last block before giving back
 EPS_US = 0.001
 
 Limits3 = tuple[int, int, int]  # requests/min, tokens/min, max concurrent; 0 = unlimited
@@ -47,8 +49,8 @@ class Budget:
     owed). ``reserved``: this replica's count of concurrency slots in Redis as confirmed by the
     newest op's reply (never more than Redis holds; what requests may take here); ``sent``:
     the count the newest op gives Redis (at least what it holds once the op lands).
-    ``keep_*``: what the last block granted, which the budget may hold; a settle that leaves
-    more makes the excess go back.
+    ``keep_*``: twice what the last block granted, which the budget may hold; a settle that
+    leaves more makes the excess go back.
     """
 
     limits: Limits3
@@ -67,6 +69,8 @@ class Budget:
     used_s: float = field(init=False)
     written_s: float = field(init=False)
     has_drawn: bool = False
+    spent_since_write: bool = False  # a slot taken here since the last op that set the count
+    num_drawing: int = 0  # acquire ops out: until they answer, ``sent`` is only a bound
     # Redis's figures at the last reply, for the x-ratelimit headers between calls.
     replied_s: float = 0.0
     remaining_requests: int = 0
@@ -96,6 +100,7 @@ class Budget:
     def spend(self, tokens: int, now_s: float) -> None:
         self.req_us -= self.req_step_us
         self.tok_us -= tokens * self.tok_step_us
+        self.spent_since_write = self.spent_since_write or bool(self.limits[2])
         self.counted(tokens, now_s)
 
     def counted(self, tokens: int, now_s: float) -> None:
@@ -106,7 +111,10 @@ class Budget:
 
     def want(self, now_s: float, block_s: float) -> tuple[int, int, int]:
         """The block to draw with this acquire: (requests, tokens, slots), within
-        ``BLOCK_SHARE`` of each limit. Resets the rate count."""
+        ``BLOCK_SHARE`` of each limit. Resets the rate count; none while another draw is out
+        (the acquires of one moment would each ask for a block sized by a single request)."""
+        if self.num_drawing:
+            return 0, 0, 0
         num, elapsed_s = self.num_since, now_s - self.drawn_s
         mean_tokens = self.tokens_since / num if num else 0.0
         self.num_since, self.tokens_since, self.drawn_s = 0, 0, now_s
@@ -144,21 +152,33 @@ class Budget:
     def has_excess(self, num_in_flight: int) -> bool:
         """Whether the budget holds more than it may keep (after settles), or owes a charge."""
         return (self.req_us > self.keep_req_us + EPS_US or self.tok_us > self.keep_tok_us + EPS_US
-                or self.tok_us < -EPS_US or self.sent > self.count(num_in_flight))
+                or self.tok_us < -EPS_US
+                or (not self.num_drawing and self.sent > self.count(num_in_flight)))
+
+    def holds_spare(self, num_in_flight: int) -> bool:
+        """Whether it holds credit, or slots beyond the requests in flight."""
+        return (abs(self.req_us) > EPS_US or abs(self.tok_us) > EPS_US
+                or self.sent > num_in_flight)
 
     def is_empty(self, num_in_flight: int) -> bool:
         return (abs(self.req_us) <= EPS_US and abs(self.tok_us) <= EPS_US
                 and self.sent == num_in_flight == 0)
 
-    def granted(self, extra: tuple[int, int], keep_slots: int) -> None:
+    def granted(self, asked: tuple[int, int, int], extra: tuple[int, int],
+                keep_slots: int) -> None:
         """An acquire's block came back: ``extra`` requests and tokens of credit, and the
-        spare slots it may keep."""
+        spare slots it may keep, for the block it ``asked``. A draw that asked for none (the
+        first, or one beside another) changes what the budget may keep in nothing."""
         req, tok = extra
         self.req_us += req * self.req_step_us
         self.tok_us += tok * self.tok_step_us
-        self.keep_req_us = req * self.req_step_us
-        self.keep_tok_us = tok * self.tok_step_us
-        self.keep_slots = keep_slots
+        if not any(asked):
+            return
+        # Up to twice the block may stay: refunds and freed slots come back while the block is
+        # being spent, and giving back each one would cost an op per request.
+        self.keep_req_us = KEEP_BLOCKS * req * self.req_step_us
+        self.keep_tok_us = KEEP_BLOCKS * tok * self.tok_step_us
+        self.keep_slots = KEEP_BLOCKS * keep_slots
 
     def forget_block(self) -> None:
         """Keep nothing: the tenant is idle (or its limits changed)."""

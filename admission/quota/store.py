@@ -217,7 +217,11 @@ class QuotaStore:
         now_s = self._clock()
         budget = self._budget(tenant_id, (rpm, tpm, max_concurrent), now_s)
         if budget is not None:
-            num_in_flight = len(self._leases(tenant_id)) if max_concurrent else 0
+            num_in_flight = 0
+            if max_concurrent:
+                num_in_flight = len(self._leases(tenant_id))
+                if now_s - budget.written_s >= self.lease_ttl_s:
+                    budget.reserved = budget.sent = 0  # the count in Redis has expired
             if budget.limits == (rpm, tpm, max_concurrent) and budget.can_spend(
                     tokens, num_in_flight):
                 budget.spend(tokens, now_s)
@@ -240,6 +244,7 @@ class QuotaStore:
                 held = budget.count(num_before)  # the slots kept, this request's among them
                 budget.reserved = min(budget.reserved, held)
                 budget.last_seq, budget.written_s = seq, now_s
+                budget.spent_since_write = False
             need = held if held > num_before else num_before + 1
         credit: tuple[float, float] = (0.0, 0.0)
         block = (0, 0, 0)
@@ -248,9 +253,14 @@ class QuotaStore:
             block = budget.want(now_s, self._block_s)
             if max_concurrent:
                 budget.sent = need + block[2]
+            budget.num_drawing += 1
         args = (*self._header, "A", rpm, tpm, max_concurrent, tokens, seq, held, need,
                 _micros(credit[0]), _micros(credit[1]), *block)
-        reply = await self._call(ops_keys(tenant_id), args)
+        try:
+            reply = await self._call(ops_keys(tenant_id), args)
+        finally:
+            if budget is not None:
+                budget.num_drawing -= 1
         if reply is None:
             if max_concurrent:
                 # It may still run (Redis paused, or its reply lost) and count this lease:
@@ -267,7 +277,7 @@ class QuotaStore:
                 (budget.remaining_requests, budget.reset_requests_ms,
                  budget.remaining_tokens, budget.reset_tokens_ms) = figures
                 if allowed:
-                    budget.granted((extra_req, extra_tok), max(0, own_count - need))
+                    budget.granted(block, (extra_req, extra_tok), max(0, own_count - need))
                 else:
                     budget.forget_block()
                 if max_concurrent and seq == budget.last_seq:
@@ -326,6 +336,7 @@ class QuotaStore:
             budget.reserved = min(budget.reserved, count)
             seq = next(self._seq)
             budget.last_seq, budget.written_s = seq, self._clock()
+            budget.spent_since_write = False
         return (*self._header, "R", seq, count, _micros(req_us), _micros(tok_us))
 
     def _return_soon(self, tenant_id: str, budget: Budget) -> None:
@@ -360,14 +371,15 @@ class QuotaStore:
         if now_s >= self._skip_redis_until:
             for tenant_id, budget in list(self._budgets.items()):
                 num_in_flight = self._num_in_flight(tenant_id)
-                if now_s - budget.used_s >= self._idle_s:
-                    if budget.is_empty(num_in_flight):
-                        del self._budgets[tenant_id]
-                    else:
-                        self._send_op(tenant_id,
-                                      self._return_args(tenant_id, budget, everything=True))
-                elif (budget.count(num_in_flight) > 0
+                is_idle = now_s - budget.used_s >= self._idle_s
+                if is_idle and budget.is_empty(num_in_flight):
+                    del self._budgets[tenant_id]
+                elif is_idle and budget.holds_spare(num_in_flight):
+                    self._send_op(tenant_id,
+                                  self._return_args(tenant_id, budget, everything=True))
+                elif (budget.spent_since_write
                       and now_s - budget.written_s >= self.lease_ttl_s / 3):
+                    # Slots taken here since the count was last written: keep it live.
                     self._send_op(tenant_id, self._return_args(tenant_id, budget))
         self._arm_sweep()
 
@@ -405,6 +417,7 @@ class QuotaStore:
             count = budget.sent = budget.count(count)
             budget.reserved = min(budget.reserved, count)
             budget.last_seq, budget.written_s = seq, self._clock()
+            budget.spent_since_write = False
         return (*self._header, "H", seq, count)
 
     def _mark_resync(self, tenant_id: str) -> None:

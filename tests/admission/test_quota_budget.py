@@ -4,13 +4,14 @@ replica, never over a limit, nothing lost, given back when idle (admission/quota
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
 
-from admission.quota.budget import BLOCK_SHARE, Budget
+from admission.quota.budget import BLOCK_SHARE, KEEP_BLOCKS, Budget
 from admission.quota.store import QuotaLimits, QuotaStore, quota_keys
 from tests.admission.held import held_async
 
@@ -96,18 +97,19 @@ async def test_replicas_together_never_exceed_a_limit(redis: aioredis.Redis,
 
     held = await asyncio.gather(burst(one), burst(two), burst(one), burst(two))
     num_in = sum(len(ids) for ids in held)
-    assert limit - 2 * (limit // BLOCK_SHARE) <= num_in <= limit
+    assert limit - 2 * KEEP_BLOCKS * (limit // BLOCK_SHARE) <= num_in <= limit
     # A refused acquire counted the ones still out with it; the counts sent after it
     # (within settle_delay_s) correct Redis to what each replica holds.
     await asyncio.sleep(0.1)
-    assert num_in <= await held_async(redis, tenant) <= num_in + 2 * (limit // BLOCK_SHARE)
+    most_kept = 2 * KEEP_BLOCKS * (limit // BLOCK_SHARE)  # two replicas' spare slots
+    assert num_in <= await held_async(redis, tenant) <= num_in + most_kept
     assert one.counters()["num_spent_here"] + two.counters()["num_spent_here"] > 0
     for store, ids in zip((one, two, one, two), held, strict=True):
         for request_id in ids:
             store.settle_soon(tenant, limits, reserved_tokens=0, actual_tokens=0,
                               request_id=request_id)
     await asyncio.sleep(0.1)
-    assert await held_async(redis, tenant) <= 2 * (limit // BLOCK_SHARE)
+    assert await held_async(redis, tenant) <= 2 * KEEP_BLOCKS * (limit // BLOCK_SHARE)
     for store in (one, two):
         await store.aclose()
     assert await held_async(redis, tenant) == 0
@@ -197,3 +199,25 @@ def test_block_sizes_follow_the_rate_within_the_limits() -> None:
     for _ in range(100):
         small.counted(100, now_s=0.001)
     assert small.want(0.001, 0.1) == (1000 // BLOCK_SHARE, 100_000 // BLOCK_SHARE, 0)
+
+
+async def test_headers_of_requests_admitted_here(redis: aioredis.Redis, tenant: str) -> None:
+    """A request spent from the budget reports what Redis would: the requests remaining after
+    it (plus at most the refill since the burst began) and a reset that grows with the
+    debt."""
+    rpm = 100 * BLOCK_SHARE
+    limits = QuotaLimits(requests_per_minute=rpm)
+    store = QuotaStore(redis)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    decisions = [await store.acquire(tenant, limits, tokens=0, request_id=rid())
+                 for _ in range(60)]
+    refill = math.ceil((loop.time() - started) * rpm / 60) + 1
+    assert store.counters()["num_spent_here"] > 30
+    for number, decision in enumerate(decisions, start=1):
+        assert decision.limit_requests == rpm
+        assert rpm - number <= (decision.remaining_requests or 0) <= rpm - number + refill
+    step_ms = 60_000 / rpm
+    assert 60 * step_ms - refill * step_ms <= (decisions[-1].reset_requests_ms or 0) \
+        <= 60 * step_ms + 1
+    await store.aclose()
