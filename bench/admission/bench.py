@@ -52,7 +52,7 @@ import orjson
 from bench.admission.fleet import Fleet
 from bench.admission.load import TIERS, RetryPolicy
 from bench.admission.quota import measure_costs, measure_quota
-from bench.admission.report import costs_table, judge, markdown
+from bench.admission.report import costs_table, judge, markdown, quota_table
 from bench.admission.sim import QUICK, Plan, run_main_fleet
 from bench.common.fleet_modes import MODE_CHOICES, key_of, parse_modes
 from bench.common.paths import RESULTS_DIR
@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: the gateway's default)")
     parser.add_argument("--costs-only", action="store_true",
                         help="only the admission cost part (CPU and Redis calls per request)")
+    parser.add_argument("--mock-only", action="store_true",
+                        help="only the mock fleet: quota accuracy over 3 replicas, then the "
+                        "admission cost")
     parser.add_argument("--mode", choices=MODE_CHOICES, default="both",
                         help="own: workers joining by heartbeat; third-party: the same engines "
                         "without Redis, listed in backends:; both (default): one after the other")
@@ -123,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--levels takes multiples of the capacity such as 1,2; not "
                          f"{args.levels!r}")
         plan = dataclasses.replace(plan, levels=levels)
-    if args.costs_only:
-        return _costs_only(plan, args.results_dir, argv)
+    if args.costs_only or args.mock_only:
+        return _mock_only(plan, args.results_dir, argv, with_quota=args.mock_only)
     started = time.time()
     loadavg_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="sy-admission-") as tmp:
@@ -159,19 +162,30 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _costs_only(plan: Plan, results_dir: Path, argv: list[str] | None) -> int:
+def _mock_only(plan: Plan, results_dir: Path, argv: list[str] | None, *,
+               with_quota: bool) -> int:
+    """``--costs-only`` (the admission cost alone) or ``--mock-only`` (the quota accuracy
+    phase first): the mock fleet without the simulated one."""
     started = time.time()
+    quota = None
     with tempfile.TemporaryDirectory(prefix="sy-admission-") as tmp:
-        costs = run_costs_only(Path(tmp) / "mock", plan)
-    document = {"benchmark": "admission-costs", "issue": 5,
+        if with_quota:
+            quota, costs = run_mock_fleet(Path(tmp) / "mock", plan)
+        else:
+            costs = run_costs_only(Path(tmp) / "mock", plan)
+    name = "admission-mock" if with_quota else "admission-costs"
+    document = {"benchmark": name, "issue": 5,
                 "command": " ".join(["python -m bench.admission",
                                      *(argv or sys.argv[1:])]),
                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
                 "duration_s": time.time() - started, "machine": machine(),
-                "plan": dataclasses.asdict(plan), "costs": costs}
+                "plan": dataclasses.asdict(plan), "costs": costs,
+                **({"quota": quota} if quota is not None else {})}
+    if quota is not None:
+        print(quota_table(quota) + "\n")
     print(costs_table(costs))
     results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_dir / time.strftime("admission-costs-%Y%m%d-%H%M%S.json")
+    path = results_dir / time.strftime(f"{name}-%Y%m%d-%H%M%S.json")
     path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
     print(f"results: {path}")
     return 0

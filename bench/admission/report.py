@@ -259,6 +259,15 @@ def _retried_share(run: dict[str, Any]) -> float | None:
     return retried / refused if refused and retried is not None else None
 
 
+def quota_table(quota: Mapping[str, Any]) -> str:
+    """The quota accuracy phase: admitted through 3 replicas against the GCRA's allowance."""
+    return _table(["replicas", "limit (req/min)", "sent", "window (s)", "admitted",
+                   "GCRA allowance", "error", "steady rate error"],
+                  [[quota["num_replicas"], quota["rpm"], quota["num_sent"], quota["window_s"],
+                    quota["num_admitted"], quota["allowance"], f"{_fmt(quota['error_pct'])}%",
+                    f"{_fmt(quota.get('steady_rate_error_pct'))}%"]])
+
+
 def markdown(document: dict[str, Any], targets: Sequence[dict[str, Any]]) -> str:
     """Every table, per fleet mode, then both side by side at 2x, the quota, costs, targets."""
     out: list[str] = []
@@ -268,12 +277,7 @@ def markdown(document: dict[str, Any], targets: Sequence[dict[str, Any]]) -> str
     quota = document.get("quota")
     if quota is not None:  # None: run without the mock fleet (--no-mock)
         out += ["### Quota accuracy and admission cost (mock engine, both modes alike)", "",
-                _table(["replicas", "limit (req/min)", "sent", "window (s)", "admitted",
-                        "GCRA allowance", "error", "steady rate error"],
-                       [[quota["num_replicas"], quota["rpm"], quota["num_sent"],
-                         quota["window_s"], quota["num_admitted"], quota["allowance"],
-                         f"{_fmt(quota['error_pct'])}%",
-                         f"{_fmt(quota.get('steady_rate_error_pct'))}%"]]), ""]
+                quota_table(quota), ""]
     if document.get("costs") is not None:
         out += [costs_table(document["costs"]), ""]
     out += [f"### Targets (each fleet at {TARGET_LEVEL:g}x its own capacity)", "",
