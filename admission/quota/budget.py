@@ -191,17 +191,19 @@ class Budget:
         others spend meanwhile."""
         rpm, tpm, _ = self.limits
         elapsed_us = (now_s - self.replied_s) * 1e6
-        rem_req = reset_req = rem_tok = reset_tok = 0
-        if rpm:
-            step = self.req_step_us
-            rem_req = min(rpm, self.remaining_requests
-                          + math.floor((max(0.0, self.req_us) + elapsed_us) / step + 1e-6))
-            reset_req = max(0, math.ceil(self.reset_requests_ms
-                                         - (elapsed_us + max(0.0, self.req_us)) / 1000))
-        if tpm:
-            step = self.tok_step_us
-            rem_tok = min(tpm, self.remaining_tokens
-                          + math.floor((max(0.0, self.tok_us) + elapsed_us) / step + 1e-6))
-            reset_tok = max(0, math.ceil(self.reset_tokens_ms
-                                         - (elapsed_us + max(0.0, self.tok_us)) / 1000))
+        rem_req, reset_req = _left(rpm, self.remaining_requests, self.reset_requests_ms,
+                                   self.req_us, elapsed_us)
+        rem_tok, reset_tok = _left(tpm, self.remaining_tokens, self.reset_tokens_ms,
+                                   self.tok_us, elapsed_us)
         return rem_req, reset_req, rem_tok, reset_tok
+
+
+def _left(limit: int, remaining: int, reset_ms: int, credit_us: float,
+          elapsed_us: float) -> tuple[int, int]:
+    """One limit's remaining count and reset (ms) given Redis's at its reply, the credit held
+    since and the time since (refill); (0, 0) for no limit."""
+    if not limit:
+        return 0, 0
+    back_us = max(0.0, credit_us) + elapsed_us
+    return (min(limit, remaining + math.floor(back_us * limit / WINDOW_US + 1e-6)),
+            max(0, math.ceil(reset_ms - back_us / 1000)))

@@ -1,11 +1,15 @@
-"""Tenant quotas in Redis, exact across gateway replicas: one Lua script call per request.
+"""Tenant quotas in Redis, exact across gateway replicas: a Lua script call per request, or
+per block of a busy tenant's requests.
 
 ``acquire`` checks and charges requests per minute, tokens per minute (prompt plus reserved
 output) and a concurrency lease atomically on the Redis server's clock; ``settle`` releases the
 lease and moves the token charge to the actual count; ``renew`` keeps a long stream's lease
 alive. Leases are kept here, per request; Redis holds each replica's count of them (one hash
 field per replica and tenant), sent with every op, so a lease costs Redis no command of its own.
-The script calls of all concurrent requests made in one event-loop iteration share one
+A busy tenant far from its limits is served from a budget the replica draws from Redis in
+blocks (admission/quota/budget.py): most of its requests make no Redis call, and none is
+admitted over a limit. The script calls of all concurrent requests made in one event-loop
+iteration share one
 pipelined round trip, on the store's own connection (admission/quota/redis_pipe.py: RESP written by
 hand, a fraction of redis-py's CPU per call) when the client is a plain ``Redis``, else through
 the client (admission/quota/redis_batch.py). Every call is bounded by ``timeout_s``; on a

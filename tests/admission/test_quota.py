@@ -8,8 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import redis.asyncio as aioredis
 from admission.quota.lua import OPS_SCRIPT
 from admission.quota.store import FailMode, QuotaLimits, QuotaStore, quota_keys
 from gateway.cli.localproc import ProcessGroup, free_port, start_redis
-from tests.admission.held import held_async
+from tests.admission.held import held_async, rid
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER_NAMES = {
@@ -29,22 +28,6 @@ HEADER_NAMES = {
     for kind in ("limit", "remaining", "reset") for what in ("requests", "tokens")
 }
 DURATION_RE = r"^(0s|\d+ms|(\d+h)?(\d+m)?\d+(\.\d{1,3})?s)$"
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-def tenant() -> str:
-    return f"t-{uuid.uuid4().hex[:12]}"
-
-
-def rid() -> str:
-    return uuid.uuid4().hex
 
 
 async def test_request_burst_is_exact_then_paced(redis: aioredis.Redis, tenant: str) -> None:

@@ -5,31 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-import uuid
-from collections.abc import AsyncIterator
 
-import pytest
 import redis.asyncio as aioredis
 
 from admission.quota.budget import BLOCK_SHARE, KEEP_BLOCKS, Budget
 from admission.quota.store import QuotaLimits, QuotaStore, quota_keys
-from tests.admission.held import held_async
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
-def tenant() -> str:
-    return f"t-{uuid.uuid4().hex[:12]}"
-
-
-def rid() -> str:
-    return uuid.uuid4().hex
+from tests.admission.held import held_async, rid
 
 
 async def debt_ms(client: aioredis.Redis, key: str) -> float:
