@@ -8,14 +8,15 @@ with no Redis call; a settle puts its lease's slot and its unused reserved token
 the budget. Every op sent returns the credit held, so Redis always holds the whole truth, less
 what a replica keeps for its next requests.
 
-A block is never more than ``BLOCK_SHARE`` of a limit (1/128: none at all for limits under
-128), nor a quarter of the room Redis has left (the script's own cap): near a limit blocks
-shrink to nothing and every request is judged in Redis exactly as without blocks. A budget
-holds at most ``KEEP_BLOCKS`` of its last block. Credit held by one replica is not available to
-another: it is returned when the tenant has been idle for ``idle_s``, or with the tenant's next
-op, so it can only make a tenant be refused early, never let it over its limit. Block sizes
-follow this replica's rate for the tenant: a block lasts about ``block_s``, doubling while it
-is used up faster.
+A block is never more than ``BLOCK_SHARE`` of a rate limit (1/128: none at all for limits under
+128) or ``SLOT_SHARE`` of ``max_concurrent`` (1/32: in-flight counts swing more than rates;
+none under 32), nor a quarter of the room Redis has left (the script's own cap): near a limit
+blocks shrink to nothing and every request is judged in Redis exactly as without blocks. A
+budget holds at most ``KEEP_BLOCKS`` of its last block. Credit held by one replica is not
+available to another: it is returned when the tenant has been idle for ``idle_s``, or with the
+tenant's next op, so it can only make a tenant be refused early, never let it over its limit.
+Block sizes follow this replica's rate for the tenant: a block lasts about ``block_s``,
+doubling while it is used up faster.
 
 Example::
 
@@ -32,7 +33,8 @@ from dataclasses import dataclass, field
 from admission.quota.types import WINDOW_MS
 
 WINDOW_US = WINDOW_MS * 1000
-BLOCK_SHARE = 128  # a block is at most limit // BLOCK_SHARE
+BLOCK_SHARE = 128  # a block of rate credit is at most limit // BLOCK_SHARE
+SLOT_SHARE = 32  # a block of spare slots is at most max_concurrent // SLOT_SHARE
 MAX_BLOCK = 1024  # requests (and as many slots) per block, whatever the limit
 KEEP_BLOCKS = 2  # a budget may hold up to this many of its last block before giving back
 EPS_US = 0.001
@@ -111,8 +113,9 @@ class Budget:
 
     def want(self, now_s: float, block_s: float) -> tuple[int, int, int]:
         """The block to draw with this acquire: (requests, tokens, slots), within
-        ``BLOCK_SHARE`` of each limit. Resets the rate count; none while another draw is out
-        (the acquires of one moment would each ask for a block sized by a single request)."""
+        ``BLOCK_SHARE`` of each rate limit and ``SLOT_SHARE`` of ``max_concurrent``. Resets
+        the rate count; none while another draw is out (the acquires of one moment would
+        each ask for a block sized by a single request)."""
         if self.num_drawing:
             return 0, 0, 0
         num, elapsed_s = self.num_since, now_s - self.drawn_s
@@ -126,7 +129,7 @@ class Budget:
         rpm, tpm, conc = self.limits
         return (min(size, rpm // BLOCK_SHARE),
                 min(math.ceil(size * mean_tokens), tpm // BLOCK_SHARE),
-                min(size, conc // BLOCK_SHARE))
+                min(size, conc // SLOT_SHARE))
 
     def take_credit(self) -> tuple[float, float]:
         """All the rate credit, to return with an op (µs of request and token debt)."""

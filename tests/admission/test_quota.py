@@ -233,7 +233,7 @@ async def test_fail_open_then_recover(procs: ProcessGroup, workdir: Path, tenant
 
 
 async def test_one_script_call_per_acquire(redis: aioredis.Redis, tenant: str) -> None:
-    store = QuotaStore(redis)
+    store = QuotaStore(redis, block_s=0)  # every acquire judged in Redis: no budget
     limits = QuotaLimits(requests_per_minute=1000, tokens_per_minute=10**6, max_concurrent=100)
     await redis.script_flush()
     await store.acquire(tenant, limits, tokens=5, request_id=rid())  # NOSCRIPT, then EVAL

@@ -8,7 +8,7 @@ import math
 
 import redis.asyncio as aioredis
 
-from admission.quota.budget import BLOCK_SHARE, KEEP_BLOCKS, Budget
+from admission.quota.budget import BLOCK_SHARE, KEEP_BLOCKS, SLOT_SHARE, Budget
 from admission.quota.store import QuotaLimits, QuotaStore, quota_keys
 from tests.admission.held import held_async, rid
 
@@ -53,8 +53,9 @@ async def test_a_busy_tenant_is_served_from_its_budget_and_nothing_is_lost(
 async def test_replicas_together_never_exceed_a_limit(redis: aioredis.Redis,
                                                       tenant: str) -> None:
     """Two replicas, each with a warm budget, race 600 held acquires against
-    max_concurrent=1280: never more than 1280 in, and at most a block per replica (1280 /
-    BLOCK_SHARE slots) short of it. Settled, Redis counts no slot beyond the blocks kept."""
+    max_concurrent=1280: never more than 1280 in, and at most the blocks each replica keeps
+    (twice 1280 / SLOT_SHARE slots) short of it. Settled, Redis counts no slot beyond
+    them."""
     limit = 1280
     limits = QuotaLimits(max_concurrent=limit)
     one, two = QuotaStore(redis), QuotaStore(redis)
@@ -78,11 +79,11 @@ async def test_replicas_together_never_exceed_a_limit(redis: aioredis.Redis,
 
     held = await asyncio.gather(burst(one), burst(two), burst(one), burst(two))
     num_in = sum(len(ids) for ids in held)
-    assert limit - 2 * KEEP_BLOCKS * (limit // BLOCK_SHARE) <= num_in <= limit
+    assert limit - 2 * KEEP_BLOCKS * (limit // SLOT_SHARE) <= num_in <= limit
     # A refused acquire counted the ones still out with it; the counts sent after it
     # (within settle_delay_s) correct Redis to what each replica holds.
     await asyncio.sleep(0.1)
-    most_kept = 2 * KEEP_BLOCKS * (limit // BLOCK_SHARE)  # two replicas' spare slots
+    most_kept = 2 * KEEP_BLOCKS * (limit // SLOT_SHARE)  # two replicas' spare slots
     assert num_in <= await held_async(redis, tenant) <= num_in + most_kept
     assert one.counters()["num_spent_here"] + two.counters()["num_spent_here"] > 0
     for store, ids in zip((one, two, one, two), held, strict=True):
@@ -90,7 +91,7 @@ async def test_replicas_together_never_exceed_a_limit(redis: aioredis.Redis,
             store.settle_soon(tenant, limits, reserved_tokens=0, actual_tokens=0,
                               request_id=request_id)
     await asyncio.sleep(0.1)
-    assert await held_async(redis, tenant) <= 2 * KEEP_BLOCKS * (limit // BLOCK_SHARE)
+    assert await held_async(redis, tenant) <= 2 * KEEP_BLOCKS * (limit // SLOT_SHARE)
     for store in (one, two):
         await store.aclose()
     assert await held_async(redis, tenant) == 0
@@ -179,7 +180,8 @@ def test_block_sizes_follow_the_rate_within_the_limits() -> None:
     small.want(0.0, 0.1)
     for _ in range(100):
         small.counted(100, now_s=0.001)
-    assert small.want(0.001, 0.1) == (1000 // BLOCK_SHARE, 100_000 // BLOCK_SHARE, 0)
+    assert small.want(0.001, 0.1) == (1000 // BLOCK_SHARE, 100_000 // BLOCK_SHARE,
+                                      64 // SLOT_SHARE)
 
 
 async def test_headers_of_requests_admitted_here(redis: aioredis.Redis, tenant: str) -> None:
