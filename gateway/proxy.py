@@ -186,6 +186,12 @@ async def _read_json_body(request: web.Request, gw: Gateway) -> bytes:
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     timeout_s = gw.settings.listen.body_timeout_s
     try:
+        content = request.content
+        if content.is_eof():  # all of it came with the head: taken as it is, no waiting
+            body = content.read_nowait()
+            if len(body) > limit:  # chunked, so no Content-Length said so before
+                raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body))
+            return body
         async with asyncio.timeout(timeout_s):
             return await request.read()  # aiohttp inflates gzip and deflate bodies as it reads
     except TimeoutError:

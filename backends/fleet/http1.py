@@ -30,6 +30,7 @@ style); such a connection is not reused.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
 from collections import deque
@@ -346,9 +347,11 @@ class Pool:
             host_header += f":{parts.port}"
         self._host_line = f"Host: {host_header}\r\n"
         self._connect_timeout_s = connect_timeout_s
-        self._slots = asyncio.Semaphore(max_connections)
         self._max_connections = max_connections
         self._num_taken = 0  # slots held: busy connections and ones being opened
+        # Requests waiting for a slot, first come first served. Not an asyncio.Semaphore:
+        # its acquire() costs ~6 µs per request in Python 3.11 (locked() scans the waiters).
+        self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._idle: deque[Connection] = deque()  # oldest first
         self.num_open = 0
 
@@ -375,8 +378,10 @@ class Pool:
 
     async def acquire(self) -> Connection:
         """The most recently used idle connection, else a new one."""
-        await self._slots.acquire()
-        self._num_taken += 1
+        if self._num_taken >= self._max_connections or self._slot_waiters:
+            await self._wait_for_slot()  # counted taken by the release that woke it
+        else:
+            self._num_taken += 1
         try:
             now_s = time.monotonic()
             idle = self._idle
@@ -418,9 +423,34 @@ class Pool:
             conn.in_use = False
             self._release_slot()
 
+    async def _wait_for_slot(self) -> None:
+        """Wait until a slot is handed to this request (first come, first served); one
+        cancelled after it was handed its slot passes it on."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._slot_waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._release_slot()  # handed a slot, then cancelled: the next one takes it
+            else:
+                with contextlib.suppress(ValueError):
+                    self._slot_waiters.remove(waiter)
+            raise
+
     def _release_slot(self) -> None:
         self._num_taken -= 1
-        self._slots.release()
+        self._wake_next()
+
+    def _wake_next(self) -> None:
+        """Hand a free slot to the first request waiting for one (it counts as taken)."""
+        waiters = self._slot_waiters
+        while waiters and self._num_taken < self._max_connections:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                self._num_taken += 1
+                waiter.set_result(None)
+                return
 
     def close(self) -> None:
         idle, self._idle = self._idle, deque()

@@ -18,7 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Protocol
 
 import aiohttp
 
+from backends.fleet.deadlines import Deadlines
 from backends.fleet.http1 import Pool, Response, UpstreamBroken
 from backends.fleet.registry import Backend, BackendDown
 
@@ -76,6 +76,7 @@ class UpstreamClient:
         self.settings = settings
         self._session: aiohttp.ClientSession | None = None
         self._pools: dict[str, Pool] = {}
+        self._deadlines = Deadlines()
         self._timeout = aiohttp.ClientTimeout(
             total=None,
             connect=settings.connect_timeout_s,
@@ -136,7 +137,7 @@ class UpstreamClient:
         pool_was_full = pool.is_full
         started_s = time.perf_counter()
         try:
-            async with asyncio.timeout(wait_s):
+            with self._deadlines.limit(wait_s):  # one timer for all waits, not one each
                 try:
                     response = await pool.send(head, body)
                 finally:  # the wait counts on the trace even when it failed

@@ -131,6 +131,40 @@ async def test_pool_bounds_open_connections_and_queues_the_rest() -> None:
     assert server.num_connections == 2
 
 
+async def test_waiters_get_slots_in_order_and_a_cancelled_one_loses_none() -> None:
+    async with running(keep_alive_echo) as server:
+        pool = Pool(f"http://127.0.0.1:{server.port}", 1, 1.0)
+        held = await pool.acquire()  # the only slot
+        order: list[str] = []
+
+        async def take(name: str) -> None:
+            conn = await pool.acquire()
+            order.append(name)
+            pool.release(conn)
+
+        first = asyncio.create_task(take("first"))
+        gone = asyncio.create_task(take("gone"))
+        last = asyncio.create_task(take("last"))
+        await asyncio.sleep(0)
+        gone.cancel()  # cancelled while it waits: it never held a slot
+        await asyncio.sleep(0)
+        pool.release(held)
+        await asyncio.wait_for(asyncio.gather(first, last), 2.0)
+        assert order == ["first", "last"]
+        assert not pool.is_full
+
+        # Handed the slot, then cancelled before it ran: the slot passes to the next waiter.
+        held = await pool.acquire()
+        handed = asyncio.create_task(pool.acquire())
+        after = asyncio.create_task(take("after"))
+        await asyncio.sleep(0)
+        pool.release(held)  # hands the slot to ``handed``
+        handed.cancel()
+        await asyncio.wait_for(after, 2.0)
+        assert handed.cancelled() and order[-1] == "after" and not pool.is_full
+        pool.close()
+
+
 async def test_chunked_stream_arrives_as_it_is_sent() -> None:
     release = asyncio.Event()
 
