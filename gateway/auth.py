@@ -210,7 +210,7 @@ class Authenticator:
             finally:
                 self.is_subscribed = False
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, 2.0)
 
