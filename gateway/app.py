@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
@@ -56,9 +57,11 @@ def new_request_id() -> str:
     return "req-" + os.urandom(12).hex()
 
 
-@web.middleware
-async def front_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Request id in and out, and every error as an OpenAI-format JSON body."""
+async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Request id in and out, and every error as an OpenAI-format JSON body: around every
+    route's handler (``with_front``), and the 404 / 405 answers of paths and methods no route
+    takes. Not an aiohttp middleware: one costs a wrapper coroutine and a cache lookup per
+    request on top of this."""
     presented = request.headers.get("x-request-id")
     request_id = presented or new_request_id()
     try:
@@ -93,9 +96,13 @@ async def front_middleware(request: web.Request, handler: Handler) -> web.Stream
     return response
 
 
+def with_front(handler: Handler) -> Handler:
+    """``handler`` inside ``front``."""
+    return functools.partial(front, handler=handler)
+
+
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(
-        middlewares=[front_middleware],
         client_max_size=settings.max_body_bytes,
         handler_args={"max_field_size": 16_384, "max_line_size": 16_384},
     )
@@ -120,15 +127,18 @@ def setup_routes(app: web.Application) -> None:
     routes += [(r.method, r.path, r.handler) for r in admin.routes
                if isinstance(r, web.RouteDef)]
     for method, path, handler in routes:
-        app.router.add_route(method, path, handler, expect_handler=_expect)
+        app.router.add_route(method, path, with_front(handler), expect_handler=_expect)
     # A path no route matches, or a method its route does not take, is answered by a route
-    # aiohttp makes per request, with its own plain-text 417 for an unusual Expect: ours too.
+    # aiohttp makes per request, which raises its 404 or 405 and has aiohttp's plain-text 417
+    # for an unusual Expect: ``front`` and ours instead.
     resolve = app.router.resolve
 
     async def resolve_with_expect(request: web.Request) -> AbstractMatchInfo:
         match_info = await resolve(request)
         if isinstance(match_info, MatchInfoError):
-            match_info.route._expect_handler = _expect
+            route = match_info.route
+            route._expect_handler = _expect
+            route._handler = with_front(route._handler)  # type: ignore[assignment]
         return match_info
 
     app.router.resolve = resolve_with_expect  # type: ignore[method-assign,assignment]

@@ -7,6 +7,7 @@ would refuse to send it, and must get its status, an ``{"error": {...}}`` body w
 
 from __future__ import annotations
 
+import gzip
 import socket
 import uuid
 from dataclasses import dataclass, field
@@ -154,6 +155,14 @@ CASES = [
                           f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
                           f"Content-Length: {NINE_MIB}\r\n\r\n".encode()),
                  id="content-length-over-8-mib"),
+    # A small gzip body that inflates past the limit: its Content-Length passes, its bytes
+    # arrive at once, and the inflated body is judged.
+    pytest.param(Case(413, "raise max_body_bytes", code="request_too_large",
+                      content=gzip.compress(orjson.dumps(chat(messages=[
+                          {"role": "user", "content": "x" * NINE_MIB}]))),
+                      headers={"Authorization": f"Bearer {KEY}",
+                               "Content-Type": "application/json", "Content-Encoding": "gzip"}),
+                 id="gzip-inflating-over-8-mib"),
     pytest.param(Case(400, "not gzip-compressed", code="invalid_content_encoding",
                       content=orjson.dumps(chat()),
                       headers={"Authorization": f"Bearer {KEY}",
