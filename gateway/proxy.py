@@ -383,6 +383,16 @@ async def _relay_body(
         response.headers.update(ticket.headers)
     ticket.num_output_tokens = output_tokens_from(body[-512:], 0)
     request[REQUEST_TRACE].tail = body
+    # Sent here, not by aiohttp after the handler returns: the bookkeeping of the handler's
+    # finally blocks (routing's and admission's counts, quota, metrics, usage) then runs
+    # after the client has its answer, off its latency.
+    response.headers["x-request-id"] = request[REQUEST_ID]
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        gw.metrics.client_disconnects.inc()  # gone before its answer: nothing more to send
+        request[CLIENT_LEFT] = True
     return response
 
 
