@@ -1,1 +1,3 @@
 """switchyard: gateway."""
+
+import routing  # noqa: F401  (loads the compiled decision modules when built: routing.native)

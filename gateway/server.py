@@ -27,6 +27,7 @@ from gateway.errors import error_body
 from gateway.observe.logs import RateLimitFilter
 from gateway.proxy import DrainDeadline
 from gateway.settings import Settings
+from routing import native
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,7 @@ async def run_until_signalled(settings: Settings, *, ready_line: bool = True,
     url_host = f"[{host}]" if ":" in host else host
     if ready_line:
         print(f"switchyard gateway listening on http://{host}:{port}", flush=True)
+    log.info("decision modules: %s", native.STATUS)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

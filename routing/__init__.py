@@ -6,6 +6,7 @@ Example::
     ranked = schedule(request, snapshot, profile_by_name(), now_s=now_s, rng=rng)
 """
 
+from routing import native  # noqa: F401  (first: loads the compiled build when it matches)
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex
 from routing.plugin import Cycle, Filter, Picker, Scorer

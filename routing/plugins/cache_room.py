@@ -48,7 +48,7 @@ DEFAULT_AMPLE = 0.5
 class CacheRoomScorer:
     """Scores the share of a backend's KV left free of reused prefixes after this request."""
 
-    def __init__(self, floor: float = DEFAULT_FLOOR, ample: float = DEFAULT_AMPLE) -> None:
+    def __init__(self, floor: object = DEFAULT_FLOOR, ample: object = DEFAULT_AMPLE) -> None:
         self.floor = check_number("floor", floor, above=0, maximum=1)
         self.ample = check_number("ample", ample, above=0, maximum=1)
 

@@ -83,7 +83,7 @@ class NotSaturatedFilter:
 
     soft: ClassVar[bool] = True
 
-    def __init__(self, max_waiting: int = 64, max_kv_usage: float = 0.98) -> None:
+    def __init__(self, max_waiting: object = 64, max_kv_usage: object = 0.98) -> None:
         self.max_waiting = check_number("max_waiting", max_waiting, minimum=0)
         self.max_kv_usage = check_number("max_kv_usage", max_kv_usage, minimum=0, maximum=1)
 
@@ -123,7 +123,7 @@ class BalancedFilter:
 
     soft: ClassVar[bool] = True
 
-    def __init__(self, max_ratio: float = 2.0, max_excess: float = 32) -> None:
+    def __init__(self, max_ratio: object = 2.0, max_excess: object = 32) -> None:
         self.max_ratio = check_number("max_ratio", max_ratio, minimum=1)
         self.max_excess = check_number("max_excess", max_excess, minimum=0)
 

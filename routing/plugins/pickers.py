@@ -41,7 +41,7 @@ class SoftmaxPicker:
     A low temperature approaches ``max_score``; a high one approaches uniform random.
     """
 
-    def __init__(self, temperature: float = 0.1) -> None:
+    def __init__(self, temperature: object = 0.1) -> None:
         self.temperature = check_number("temperature", temperature, above=0)
 
     def pick(self, candidates: Sequence[BackendState], scores: Sequence[float],

@@ -54,8 +54,8 @@ DEFAULT_FLOOR_S = 0.01
 class TtftScorer:
     """Scores the estimated time to first token, including the prefix cache's saving."""
 
-    def __init__(self, default_prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
-                 floor_s: float = DEFAULT_FLOOR_S) -> None:
+    def __init__(self, default_prefill_tokens_per_s: object = DEFAULT_PREFILL_TOKENS_PER_S,
+                 floor_s: object = DEFAULT_FLOOR_S) -> None:
         self.default_prefill_tokens_per_s = check_number(
             "default_prefill_tokens_per_s", default_prefill_tokens_per_s, above=0)
         self.floor_s = check_number("floor_s", floor_s, above=0)

@@ -6,6 +6,7 @@ sequence per 2,048-token step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from admission.policy import (
     fleet_has_capacity,
     reject_expired,
 )
-from admission.predictor import TtftPredictor
+from admission.predictor import TtftFeatures, TtftPredictor
 from admission.tiers import DEFAULT_TIERS, tier_table
 from routing.types import BackendProfile, BackendState, FleetSnapshot, PrefixMatch
 
@@ -245,9 +246,25 @@ def test_admission_fit_is_per_request(uncached: int, admitted: bool) -> None:
     assert (decision.action == "admit") is admitted, decision
 
 
-class _LatePredictor(TtftPredictor):
+class _LatePredictor:
+    """A fresh predictor whose first tokens came 0.4 s late lately. A TtftEstimator of its
+    own, around a TtftPredictor (the compiled build's takes no interpreted subclasses:
+    routing.native); a fresh fit has no margin of its own, so its figures plus 0.4 s."""
+
+    def __init__(self) -> None:
+        self._fit = TtftPredictor()
+
+    def predict_s(self, backend: BackendState, features: TtftFeatures) -> float:
+        return self._fit.predict_s(backend, features)
+
     def margin_s(self, backend: BackendState | str) -> float:
         return 0.4
+
+    def quickest(self, backends: Sequence[BackendState], uncached_tokens: Sequence[int], *,
+                 max_age_s: float, worst_queued_tokens: int = 0) -> tuple[int, float]:
+        index, best_s = self._fit.quickest(backends, uncached_tokens, max_age_s=max_age_s,
+                                           worst_queued_tokens=worst_queued_tokens)
+        return index, best_s + 0.4
 
 
 def test_the_predictors_lateness_counts_against_the_slo() -> None:

@@ -1,0 +1,153 @@
+"""The compiled build of the per-request decision modules: loaded when it matches the sources.
+
+The modules that every request runs through several times (routing's scheduler, plugins and
+indexes, SLO admission's policy, predictor and queues, the router and the backend registry:
+``MODULES``) are plain typed Python, and ``scripts/build_native.py`` compiles them with mypyc
+into ``build/native/`` (``scripts/setup.sh`` does it where a C compiler is found). Compiled,
+a decision costs about a third less over 4 backends and two thirds less over 64
+(``python -m bench.overhead.decision``; ``docs/benchmarks/overhead.md``).
+
+The build lives outside the packages, so a plain import never finds it: ``install`` (called
+when this module is imported: ``routing/__init__.py`` imports it first, and every package
+imports ``routing`` before its own modules) puts a finder
+first on ``sys.meta_path`` that loads the compiled modules, and only when the whole build
+matches: the same Python, and every listed source unchanged since the build (SHA-256 in the
+build's manifest). One edited source, and every module runs interpreted until the next build:
+a compiled module never runs code older than its source, and compiled and interpreted
+modules of the set never mix (their classes would differ). ``SWITCHYARD_NATIVE=0`` turns the
+build off. ``STATUS`` says which it is, for the gateway's start-up log.
+
+Example::
+
+    from routing import native
+    native.STATUS        # "compiled (mypyc, 21 modules)" or "interpreted: ..."
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+import sysconfig
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD_DIR = ROOT / "build" / "native"
+MANIFEST = BUILD_DIR / "manifest.json"
+ENV = "SWITCHYARD_NATIVE"
+# Pure, typed, and on the per-request path: what compiling pays for. Their imports of one
+# another are resolved inside the build, so the set is compiled, and loaded, as one.
+MODULES = (
+    "routing.types", "routing.fit", "routing.prefix", "routing.plugin", "routing.scheduler",
+    "routing.index_approx", "routing.plugins.filters", "routing.plugins.scorers",
+    "routing.plugins.pickers", "routing.plugins.ttft", "routing.plugins.cache_room",
+    "routing.plugins.session", "admission.policy", "admission.predictor", "admission.headroom",
+    "admission.sfq", "admission.fair_queue", "admission.finishes", "admission.waiting_room",
+    "gateway.router", "backends.fleet.registry",
+)
+
+STATUS = "interpreted: not looked for yet"
+_PARAMETERS: dict[str, list[str]] = {}
+
+
+def source_path(module: str) -> Path:
+    return ROOT.joinpath(*module.split(".")).with_suffix(".py")
+
+
+def source_digest(module: str) -> str:
+    return hashlib.sha256(source_path(module).read_bytes()).hexdigest()
+
+
+def build_tag() -> str:
+    """What a build must have been made for: this interpreter's extension suffix."""
+    return str(sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Loads the build's extension modules by their names; leaves every other name alone."""
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self.files = files
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
+        file = self.files.get(fullname)
+        if file is None:
+            return None
+        loader = importlib.machinery.ExtensionFileLoader(fullname, str(file))
+        return importlib.util.spec_from_file_location(fullname, file, loader=loader)
+
+
+def _check(manifest: dict[str, object]) -> tuple[dict[str, Path], str]:
+    """The files to load and the status, or no files and why not."""
+    if manifest.get("tag") != build_tag():
+        return {}, f"interpreted: the build is for {manifest.get('tag')}, not {build_tag()}"
+    modules = manifest.get("modules")
+    shared = manifest.get("shared")
+    if not isinstance(modules, dict) or not isinstance(shared, dict):
+        return {}, "interpreted: the build's manifest is malformed; rebuild it"
+    if sorted(modules) != sorted(MODULES):
+        return {}, "interpreted: the build holds another set of modules; rebuild it"
+    files: dict[str, Path] = {}
+    for module, entry in modules.items():
+        if not isinstance(entry, dict) or not source_path(module).is_file():
+            return {}, f"interpreted: {module} is not in the build or not in the sources"
+        if entry.get("sha256") != source_digest(module):
+            return {}, (f"interpreted: {source_path(module).relative_to(ROOT)} changed since "
+                        "the build (python scripts/build_native.py rebuilds it)")
+        files[module] = BUILD_DIR / str(entry.get("file"))
+    for name, file in shared.items():
+        files[str(name)] = BUILD_DIR / str(file)
+    if missing := [str(f.relative_to(ROOT)) for f in files.values() if not f.is_file()]:
+        return {}, f"interpreted: the build lacks {missing[0]}; rebuild it"
+    return files, f"compiled (mypyc, {len(modules)} modules)"
+
+
+def install() -> str:
+    """Load the compiled modules from now on when the build matches; return ``STATUS``.
+    Idempotent; a no-op once any module of the set is imported (it is too late to swap)."""
+    global STATUS
+    if any(isinstance(f, _Finder) for f in sys.meta_path):
+        return STATUS
+    if os.environ.get(ENV, "1") == "0":
+        STATUS = f"interpreted: {ENV}=0"
+        return STATUS
+    if already := [m for m in MODULES if m in sys.modules]:
+        STATUS = f"interpreted: {already[0]} was imported before the build was looked for"
+        return STATUS
+    try:
+        manifest = json.loads(MANIFEST.read_text())
+    except FileNotFoundError:
+        STATUS = "interpreted: no build (python scripts/build_native.py makes one)"
+        return STATUS
+    except (OSError, ValueError) as exc:
+        STATUS = f"interpreted: the build's manifest cannot be read ({exc})"
+        return STATUS
+    files, STATUS = _check(manifest)
+    if files:
+        parameters = manifest.get("parameters")
+        if isinstance(parameters, dict):
+            _PARAMETERS.update({str(k): [str(p) for p in v] for k, v in parameters.items()})
+        sys.meta_path.insert(0, _Finder(files))
+    return STATUS
+
+
+def is_compiled(module: ModuleType) -> bool:
+    return str(getattr(module, "__file__", "")).endswith(build_tag())
+
+
+def parameters(factory: object) -> list[str] | None:
+    """The keyword parameters of a compiled plugin class, as the build recorded them from its
+    source (a compiled class has no signature to inspect); None when not recorded."""
+    name = f"{getattr(factory, '__module__', '')}.{getattr(factory, '__qualname__', '')}"
+    return _PARAMETERS.get(name)
+
+
+install()
