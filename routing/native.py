@@ -1,10 +1,10 @@
 """The compiled build of the per-request decision modules: loaded when it matches the sources.
 
 The modules that every request runs through several times (routing's scheduler, plugins and
-indexes, SLO admission's policy, predictor and queues, the router and the backend registry:
+indexes, SLO admission's policy, predictor, queues and waiting room, and the router:
 ``MODULES``) are plain typed Python, and ``scripts/build_native.py`` compiles them with mypyc
 into ``build/native/`` (``scripts/setup.sh`` does it where a C compiler is found). Compiled,
-a decision costs about a third less over 4 backends and two thirds less over 64
+a decision costs about half as much over 4 backends and a third as much over 64
 (``python -m bench.overhead.decision``; ``docs/benchmarks/overhead.md``).
 
 The build lives outside the packages, so a plain import never finds it: ``install`` (called
@@ -50,8 +50,10 @@ MODULES = (
     "routing.plugins.pickers", "routing.plugins.ttft", "routing.plugins.cache_room",
     "routing.plugins.session", "admission.policy", "admission.predictor", "admission.headroom",
     "admission.sfq", "admission.fair_queue", "admission.finishes", "admission.waiting_room",
-    "gateway.router", "backends.fleet.registry",
+    "gateway.router",
 )
+# Not compiled: backends.fleet.registry, whose Backend drops its cached state in __setattr__,
+# which compiled code bypasses when it sets an attribute (its state would go stale).
 
 STATUS = "interpreted: not looked for yet"
 _PARAMETERS: dict[str, list[str]] = {}
