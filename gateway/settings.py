@@ -24,8 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic import model_validator as _model_validator
 
 ENV_PREFIX = "SWITCHYARD_"
-# Read by the CLI wrappers, not settings of the gateway.
-_CLI_ONLY_VARIABLES = frozenset({"SWITCHYARD_CONFIG", "SWITCHYARD_URL"})
+# Read by the CLI wrappers (and SWITCHYARD_NATIVE at import, by routing.native, and
+# SWITCHYARD_WORKER by scripts/setup.sh), not settings of the gateway.
+_CLI_ONLY_VARIABLES = frozenset({"SWITCHYARD_CONFIG", "SWITCHYARD_URL", "SWITCHYARD_NATIVE",
+                                 "SWITCHYARD_WORKER"})
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
 

@@ -128,6 +128,9 @@ def endpoints(fleet: BenchFleet, phase: str = "") -> dict[str, tuple[str, dict[s
     if phase in LARGE_FLEET_PHASES and fleet.large_url:
         found["gateway64"] = (fleet.large_url, {"proxy": fleet.large_pid, **engine,
                                                 "redis": fleet.redis_pid})
+    if phase == "nonstream" and fleet.interpreted_url:
+        found["gateway_interpreted"] = (fleet.interpreted_url, {
+            "proxy": fleet.interpreted_pid, **engine, "redis": fleet.redis_pid})
     return found
 
 
@@ -179,6 +182,13 @@ def derived(figures: Figures) -> Figures:
         out[f"{phase}.gateway.cpu_to_floor_ratio"] = (
             figures[f"{phase}.gateway.proxy_cpu_us_per_{unit}"]
             / figures[f"{phase}.floor.proxy_cpu_us_per_{unit}"])
+        if f"{phase}.gateway_interpreted.proxy_cpu_us_per_{unit}" in figures:
+            out[f"{phase}.gateway.cpu_to_interpreted_ratio"] = (
+                figures[f"{phase}.gateway.proxy_cpu_us_per_{unit}"]
+                / figures[f"{phase}.gateway_interpreted.proxy_cpu_us_per_{unit}"])
+            out[f"{phase}.gateway_interpreted.cpu_to_floor_ratio"] = (
+                figures[f"{phase}.gateway_interpreted.proxy_cpu_us_per_{unit}"]
+                / figures[f"{phase}.floor.proxy_cpu_us_per_{unit}"])
         if f"{phase}.gateway64.proxy_cpu_us_per_{unit}" in figures:
             out[f"{phase}.gateway64.cpu_to_gateway_ratio"] = (
                 figures[f"{phase}.gateway64.proxy_cpu_us_per_{unit}"]

@@ -6,7 +6,9 @@ Two gateways share the Redis: one lists the engine as ``BACKEND_COUNTS[0]`` (4) 
 one as ``BACKEND_COUNTS[1]`` (64), all at the engine's URL, so that the cost of routing and
 admission over a larger fleet is measured on the same engine. The first is "the gateway" of
 every figure; the second is measured under the non-streaming and paced loads. That is the
-third-party mode: engines listed in ``backends:``, no heartbeats.
+third-party mode: engines listed in ``backends:``, no heartbeats. When the decision modules
+run compiled (``routing.native``), a third gateway, the first again with them interpreted, is
+measured under the non-streaming load: compiled against interpreted in the same run.
 
 ``mode="own"`` measures the gateway on its own fleet instead: 4 simulated workers
 (``backends.sim``, 1,000 times the modelled speed, so a step takes microseconds) that heartbeat
@@ -36,6 +38,7 @@ import httpx
 
 from gateway.cli.localfleet import MOCK_MODEL, SIM_MODEL, LocalFleet
 from gateway.cli.localproc import free_port, python_module_argv, wait_http
+from routing import native
 
 MODEL = MOCK_MODEL
 CHAT_PATH = "/v1/chat/completions"
@@ -59,12 +62,17 @@ class BenchFleet:
     large_url: str = ""  # the gateway with BACKEND_COUNTS[1] backends ("": none, own mode)
     large_pid: int = 0
     mode: str = "third-party"
+    # The 4-backend gateway again, with the decision modules interpreted (SWITCHYARD_NATIVE=0),
+    # when this one runs them compiled (routing.native): "" and 0 otherwise.
+    interpreted_url: str = ""
+    interpreted_pid: int = 0
 
     def proxy(self, endpoint: str) -> tuple[str, int]:
         """URL and process id of a proxy under test: "gateway", "gateway64" ("" and 0 in own
         mode) or "floor" (the bare proxy)."""
         return {"gateway": (self.gateway_url, self.gateway_pid),
                 "gateway64": (self.large_url, self.large_pid),
+                "gateway_interpreted": (self.interpreted_url, self.interpreted_pid),
                 "floor": (self.floor_url, self.floor_pid)}[endpoint]
 
     def streamed_chunks(self) -> float:
@@ -109,6 +117,14 @@ def bench_fleet(workdir: Path, model: str = MODEL, mode: str = "third-party"
                 "log_level": "warning",
             }, name=f"gateway-{count}") for count in BACKEND_COUNTS)
             large_url, large_pid = large.url, large.pid
+        interpreted_url, interpreted_pid = "", 0
+        if native.STATUS.startswith("compiled") and mode != "own":
+            interpreted = fleet.start_gateway({
+                "backends": [{"name": f"engine-{i}", "url": engine_url, "models": [model]}
+                             for i in range(BACKEND_COUNTS[0])],
+                "log_level": "warning",
+            }, name="gateway-interpreted", env={native.ENV: "0"})
+            interpreted_url, interpreted_pid = interpreted.url, interpreted.pid
         api_key = fleet.create_tenant_key(
             gateway.url, {"name": "bench", "models": [model], "limits": LIMITS}, name="bench")
         pids = fleet.pids()
@@ -116,7 +132,8 @@ def bench_fleet(workdir: Path, model: str = MODEL, mode: str = "third-party"
             engine_url=engine_url, engine_pid=pids[engine_name], gateway_url=gateway.url,
             gateway_pid=gateway.pid, floor_url=floor_url, floor_pid=floor.pid,
             redis_pid=pids["redis"], api_key=api_key, model=model, large_url=large_url,
-            large_pid=large_pid, mode=mode,
+            large_pid=large_pid, mode=mode, interpreted_url=interpreted_url,
+            interpreted_pid=interpreted_pid,
         )
 
 

@@ -240,6 +240,13 @@ def test_env_alone_without_a_file() -> None:
     assert settings.log_level == "debug"
 
 
+def test_the_variables_of_setup_and_the_native_build_are_not_settings() -> None:
+    """``SWITCHYARD_WORKER=1 ./scripts/up.sh`` and ``SWITCHYARD_NATIVE=0`` reach the gateway's
+    environment; they are not settings (and not unknown ones)."""
+    environ = {"SWITCHYARD_WORKER": "1", "SWITCHYARD_NATIVE": "0", "SWITCHYARD_LOG_LEVEL": "debug"}
+    assert load_settings(None, environ).log_level == "debug"
+
+
 @pytest.mark.parametrize(
     ("environ", "expected_location"),
     [
