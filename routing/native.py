@@ -31,6 +31,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import sysconfig
 from collections.abc import Sequence
@@ -65,6 +66,12 @@ def source_path(module: str) -> Path:
 
 def source_digest(module: str) -> str:
     return hashlib.sha256(source_path(module).read_bytes()).hexdigest()
+
+
+def can_build() -> bool:
+    """Whether a build can be made here: a C compiler and this interpreter's headers."""
+    return shutil.which("cc") is not None and Path(
+        sysconfig.get_paths()["include"], "Python.h").exists()
 
 
 def build_tag() -> str:

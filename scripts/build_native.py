@@ -6,6 +6,7 @@ Needs a C compiler and the Python headers; mypy (with mypyc) comes with the dev 
     .venv/bin/python scripts/build_native.py            # build (about 3 minutes on 2 cores)
     .venv/bin/python scripts/build_native.py --check    # is the build there and current?
     .venv/bin/python scripts/build_native.py --clean    # remove it: everything interpreted
+    .venv/bin/python scripts/build_native.py --can-build   # can one be made here?
 
 After building, it checks that the compiled modules decide exactly as the interpreted ones
 (``admission.native_check``, run once each way in a fresh interpreter) and removes the build if
@@ -82,7 +83,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="report the build's state")
     parser.add_argument("--clean", action="store_true", help="remove the build")
+    parser.add_argument("--can-build", action="store_true",
+                        help="exit 0 when a C compiler and the Python headers are found")
     args = parser.parse_args()
+    if args.can_build:
+        return 0 if native.can_build() else 1
     if args.clean:
         shutil.rmtree(native.BUILD_DIR, ignore_errors=True)
         print("build_native: removed; every module runs interpreted")

@@ -84,8 +84,7 @@ fi
 if [ "${SWITCHYARD_NATIVE:-1}" != 0 ]; then
   if .venv/bin/python scripts/build_native.py --check >/dev/null 2>&1; then
     :
-  elif command -v cc >/dev/null 2>&1 && .venv/bin/python -c 'import os, sys, sysconfig
-sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
+  elif .venv/bin/python scripts/build_native.py --can-build; then
     echo "setup: compiling the decision modules with mypyc (a minute or three)" >&2
     mkdir -p build
     if ! .venv/bin/python scripts/build_native.py > build/native-build.log 2>&1; then

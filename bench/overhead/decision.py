@@ -48,7 +48,6 @@ class Decisions:
     slo: SloAdmission
     router: Router
     tenant: Tenant
-    backends: list[Backend]
 
     @classmethod
     def build(cls, num_backends: int, *, max_batch: int = 64) -> Decisions:
@@ -60,7 +59,7 @@ class Decisions:
         router = make_router(RoutingSettings(), BackendRegistry(backends))
         tenant = Tenant(id="t", name="t", tier="standard", models=(MODEL,), limits=Limits(),
                         enabled=True, created_at=0.0)
-        return cls(SloAdmission(DEFAULT_TIERS, router), router, tenant, backends)
+        return cls(SloAdmission(DEFAULT_TIERS, router), router, tenant)
 
 
 def _body(index: int) -> dict[str, object]:

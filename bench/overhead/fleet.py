@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -111,19 +112,14 @@ def bench_fleet(workdir: Path, model: str = MODEL, mode: str = "third-party"
             _wait_discovered(gateway.url, BACKEND_COUNTS[0])
             large_url, large_pid = "", 0
         else:
-            gateway, large = (fleet.start_gateway({
-                "backends": [{"name": f"engine-{i}", "url": engine_url, "models": [model]}
-                             for i in range(count)],
-                "log_level": "warning",
-            }, name=f"gateway-{count}") for count in BACKEND_COUNTS)
+            gateway, large = (fleet.start_gateway(_listed(engine_url, model, count),
+                                                  name=f"gateway-{count}")
+                              for count in BACKEND_COUNTS)
             large_url, large_pid = large.url, large.pid
         interpreted_url, interpreted_pid = "", 0
         if native.STATUS.startswith("compiled") and mode != "own":
-            interpreted = fleet.start_gateway({
-                "backends": [{"name": f"engine-{i}", "url": engine_url, "models": [model]}
-                             for i in range(BACKEND_COUNTS[0])],
-                "log_level": "warning",
-            }, name="gateway-interpreted", env={native.ENV: "0"})
+            interpreted = fleet.start_gateway(_listed(engine_url, model, BACKEND_COUNTS[0]),
+                                              name="gateway-interpreted", env={native.ENV: "0"})
             interpreted_url, interpreted_pid = interpreted.url, interpreted.pid
         api_key = fleet.create_tenant_key(
             gateway.url, {"name": "bench", "models": [model], "limits": LIMITS}, name="bench")
@@ -135,6 +131,12 @@ def bench_fleet(workdir: Path, model: str = MODEL, mode: str = "third-party"
             large_pid=large_pid, mode=mode, interpreted_url=interpreted_url,
             interpreted_pid=interpreted_pid,
         )
+
+
+def _listed(engine_url: str, model: str, count: int) -> dict[str, Any]:
+    """A gateway's settings listing the engine as ``count`` backends (third-party mode)."""
+    return {"backends": [{"name": f"engine-{i}", "url": engine_url, "models": [model]}
+                         for i in range(count)], "log_level": "warning"}
 
 
 def _wait_discovered(url: str, count: int, timeout_s: float = 20.0) -> None:

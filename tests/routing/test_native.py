@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,7 @@ import pytest
 from routing import native
 
 ROOT = native.ROOT
-CAN_BUILD = shutil.which("cc") is not None and Path(
-    sysconfig.get_paths()["include"], "Python.h").exists()
+CAN_BUILD = native.can_build()
 PACKAGES = ("routing", "admission", "gateway", "backends")
 
 
