@@ -6,7 +6,9 @@ replica, ``b`` the backend, ``t`` unix seconds, ``h`` the character-block hashes
 little-endian uint64). Every replica reads the stream and merges the others' claims, so they
 agree on who holds what within about one flush interval plus a read. A replica that starts
 reads the last ``ttl_s`` of the stream first (stream ids are millisecond timestamps), so it
-catches up with no extra state. The stream is trimmed to about ``stream_maxlen`` entries.
+catches up with no extra state, then reads on from the last entry it saw (from the start of that
+range when it saw none), so an entry added while the catch-up's reply travelled is not missed.
+The stream is trimmed to about ``stream_maxlen`` entries.
 
 A decision the others already heard is not sent again: the same prompt prefix (its last block
 hash, which the chain makes stand for the whole prefix) sent to the same backend within
@@ -88,7 +90,9 @@ class ApproxIndexSync:
         entries: Any = await self._redis.xrange(APPROX_STREAM, min=f"{since_ms}-0", max="+",
                                                 count=self._stream_maxlen)
         self._merge(entries)
-        self._last_id = entries[-1][0] if entries else f"{int(time.time() * 1000)}-0"
+        # With nothing in range, read on from the range's start, not from now: an entry another
+        # replica added while this reply was on its way carries an id older than "now" here.
+        self._last_id = entries[-1][0] if entries else f"{since_ms}-0"
 
     async def flush(self) -> None:
         pending, self._pending = self._pending, []

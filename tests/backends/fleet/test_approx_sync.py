@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from backends.fleet.approx_sync import APPROX_STREAM, ApproxIndexSync
+from backends.publisher import pack_hashes
 from routing.index_approx import ApproxPrefixIndex
 from routing.prefix import char_block_hashes
 
@@ -96,3 +97,24 @@ async def test_a_decision_just_sent_is_not_sent_again(redis: aioredis.Redis) -> 
         (b"w0", pytest.approx(0.0, abs=1e-3)), (b"w1", pytest.approx(0.2, abs=1e-3)),
         (b"w0", pytest.approx(0.2, abs=1e-3)), (b"w0", pytest.approx(0.3, abs=1e-3))]
     assert sync.num_unsent == 2
+
+
+async def test_an_entry_added_while_the_catch_up_reply_travelled_is_read(
+        redis: aioredis.Redis) -> None:
+    """The stream was empty when the catch-up read it; another replica's entry landed, stamped
+    by Redis's clock, before the reply reached this replica: the read that follows still gets it."""
+    chain = tuple(char_block_hashes("a prompt sent just then " * 10, 64, "m"))
+    index = ApproxPrefixIndex(ttl_s=60)
+    sync = ApproxIndexSync(redis, index, "gw-1", ttl_s=60, flush_interval_s=0.02)
+    await sync.catch_up()  # nothing in the stream
+    landed_ms = int(time.time() * 1000) - 50  # 50 ms before this replica's "now"
+    await redis.xadd(APPROX_STREAM, {"r": "gw-2", "b": "w5", "t": f"{time.time():.3f}",
+                                     "h": pack_hashes(chain)}, id=f"{landed_ms}-0")
+    task = asyncio.create_task(sync.run())
+    try:
+        assert await _until(lambda: index.match(chain, time.time()).num_blocks.get("w5")
+                            == len(chain))
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
