@@ -23,6 +23,7 @@ import asyncio
 import re
 from dataclasses import dataclass, field
 
+from admission.hints import TierHints, hinted_tier
 from admission.quota.types import QuotaStoreLike
 from admission.tiers import (
     TIER_HEADER,
@@ -39,11 +40,16 @@ from gateway.router import RoutePlan
 _USAGE_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
-def tier_for(slo: SloAdmission, principal: Principal, requested: str | None) -> Tier:
+def tier_for(slo: SloAdmission, principal: Principal, requested: str | None,
+             hints: TierHints | None = None) -> Tier:
     """The tier the request runs in: the tenant's (narrowed by the key's), or the lower one
-    it asked for in ``x-switchyard-tier``."""
+    it asked for in ``x-switchyard-tier``, or else the one its priority or SLO hints from
+    other ecosystems map to (``admission.hints``), never above the tenant's."""
     try:
-        return slo.tier_for(principal.tenant.tier, principal.key.tier, requested)
+        tier = slo.tier_for(principal.tenant.tier, principal.key.tier, requested)
+        if hints is None or requested:
+            return tier
+        return hinted_tier(slo.tiers, tier, hints)
     except UnknownTierError as exc:
         raise APIError.bad_request(str(exc), param=TIER_HEADER, code="unknown_tier") from None
     except TierNotAllowedError as exc:

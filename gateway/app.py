@@ -42,6 +42,7 @@ from gateway.router import Router
 from gateway.settings import RoutingSettings, Settings
 from gateway.state import open_state
 from gateway.usage import UsageBook
+from routing.aliases import ModelAliases
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex
 from routing.profile import SchedulingProfile, build_profile
@@ -205,6 +206,7 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
                                    log_settings.path, include_prompt=log_settings.include_prompt,
                                    prompt_max_chars=log_settings.prompt_max_chars),
             usage=(usage := UsageBook(redis, settings.usage)),
+            aliases=ModelAliases([alias.to_alias() for alias in settings.aliases]),
         )
         metrics.add_source(lambda: _usage_metrics(usage))
         checker = HealthChecker(

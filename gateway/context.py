@@ -20,6 +20,7 @@ from gateway.router import Router
 from gateway.settings import Settings
 from gateway.tenancy import KeyStoreLike
 from gateway.usage import UsageBook
+from routing.aliases import ModelAliases
 
 
 @dataclass(slots=True)
@@ -42,6 +43,8 @@ class Gateway:
     drained: asyncio.Event = field(default_factory=asyncio.Event)  # draining, none in flight
     request_log: RequestLog = field(default_factory=RequestLog)  # off unless configured
     usage: UsageBook = field(default_factory=lambda: UsageBook(None))  # in memory unless set
+    # Public model names standing for served ones (weighted targets, fallbacks).
+    aliases: ModelAliases = field(default_factory=ModelAliases)
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -19,9 +19,10 @@ _STARTED_AT = int(time.time())
 async def list_models(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     principal = await gw.auth.authenticate(request.headers.get("Authorization"))
+    names = dict.fromkeys([*gw.registry.models(), *gw.aliases.names])  # served, then aliases
     data = [
         {"id": model, "object": "model", "created": _STARTED_AT, "owned_by": "switchyard"}
-        for model in gw.registry.models()
+        for model in names
         if principal.tenant.may_use(model)
     ]
     return _json({"object": "list", "data": data})
@@ -31,7 +32,8 @@ async def get_model(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     principal = await gw.auth.authenticate(request.headers.get("Authorization"))
     model = request.match_info["model"]
-    if not gw.registry.serves(model) or not principal.tenant.may_use(model):
+    known = gw.registry.serves(model) or model in gw.aliases
+    if not known or not principal.tenant.may_use(model):
         raise APIError.not_found(
             f"The model {model!r} does not exist or you do not have access to it.",
             code="model_not_found", param="model",

@@ -19,7 +19,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from admission.tiers import TIER_HEADER
+from admission.hints import hints_from
+from admission.tiers import TIER_HEADER, Tier
 from admission.waiting_room import AdmissionRefused, Admitted
 from backends.fleet.http1 import UpstreamBroken
 from backends.fleet.registry import Backend
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 
 _ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _FORWARDED_HEADERS = ("traceparent", "tracestate", "accept")
+MODEL_HEADER = "x-switchyard-model"  # the served model: the one asked for, or an alias's
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                 "X-Accel-Buffering": "no"}
 
@@ -62,6 +64,7 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
     started = time.perf_counter()
     trace = request.app[TELEMETRY].start(request, route, started)
     model = ""
+    served: str | None = None  # the model that serves it: the one asked for, or an alias's
     parsed_body: dict[str, Any] | None = None
     status = 500
     error: str | None = None
@@ -81,21 +84,24 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
         parsed = parse_completion_body(raw, route=route)
         parsed_body = parsed.body
         model = parsed.model
-        if not gw.registry.serves(model):
-            raise APIError.not_found(
-                f"The model {model!r} does not exist on this gateway; GET /v1/models lists "
-                "the models you may use.", code="model_not_found", param="model",
-            )
-        if not principal.tenant.may_use(model):
+        candidates = gw.aliases.candidates(model) if gw.aliases else None
+        if candidates is None:
+            if not gw.registry.serves(model):
+                raise APIError.not_found(
+                    f"The model {model!r} does not exist on this gateway; GET /v1/models lists "
+                    "the models you may use.", code="model_not_found", param="model",
+                )
+            candidates = (model,)
+        if not principal.tenant.may_use(model):  # the name it asked for, alias or not
             raise APIError.forbidden(
                 f"Your tenant may not use the model {model!r}; GET /v1/models lists the models "
                 "you may use.", code="model_not_allowed", param="model",
             )
-        plan = gw.router.describe(model, parsed.body, principal.tenant.id)
-        if (why := gw.router.unservable(plan.request)) is not None:
-            raise APIError.bad_request(why, param="messages" if route == "chat" else "prompt",
-                                       code="context_length_exceeded")
-        tier = tier_for(gw.slo, principal, request.headers.get(TIER_HEADER))
+        # The first model the prompt fits; a later one is checked when its turn comes.
+        plan, candidates = _first_fitting(gw, route, parsed, principal, candidates)
+        served = candidates[0]
+        tier = tier_for(gw.slo, principal, request.headers.get(TIER_HEADER),
+                        hints_from(request.headers, parsed.body))
         trace.admitted(tier.name, principal.tenant.id, model, plan)
         waited_s = time.perf_counter()
         # Leases and queue places are this request's own: a client's x-request-id is only a
@@ -104,21 +110,27 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
         ticket = await admit_quota(gw.quotas, principal, plan, own_id)
         if ticket.is_limited:
             trace.waited("quota", waited_s)
-        admitted: Admitted | None = None
         try:
-            trace.waiting("admission_queue")
-            plan.needs_free_slot = gw.slo.is_enabled
-            try:
-                admitted = await gw.slo.admit(tier, principal.tenant, plan, own_id, body=raw)
-            except AdmissionRefused as refused:
-                raise overloaded(refused) from None
-            if admitted.snapshot is not None:  # routing reuses it: no second snapshot
-                plan.snapshot, plan.snapshot_taken_s = admitted.snapshot, admitted.snapshot_taken_s
-            trace.waited("admission_queue")
-            response = await _forward(request, gw, route, parsed, raw, plan, ticket, admitted)
+            first_error: APIError | None = None
+            for index, served in enumerate(candidates):
+                if index:
+                    plan = gw.router.describe(served, parsed.body, principal.tenant.id)
+                    if gw.router.unservable(plan.request) is not None:
+                        continue
+                try:
+                    response = await _serve_model(request, gw, route, parsed, raw, plan, ticket,
+                                                  tier, principal, own_id, served)
+                    break
+                except APIError as exc:
+                    if index + 1 == len(candidates) or not _falls_back(exc):
+                        raise (first_error or exc) from None
+                    first_error = first_error or exc
+                    gw.metrics.fallbacks.labels(model, candidates[index + 1]).inc()
+            else:
+                assert first_error is not None  # the last candidate was too small for it
+                raise first_error
         finally:
             finish_quota(ticket)
-            gw.slo.finished(admitted, plan.request.num_prompt_tokens + ticket.num_output_tokens)
         status = 499 if request.get(CLIENT_LEFT) else response.status
         return response
     except APIError as exc:
@@ -135,21 +147,68 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
         gw.num_in_flight -= 1
         if gw.is_draining and not gw.num_in_flight:
             gw.drained.set()
-        served = model if gw.registry.serves(model) else None
-        gw.metrics.observe_request(route, served, status, time.perf_counter() - started)
+        served_label = served if served is not None and gw.registry.serves(served) else None
+        gw.metrics.observe_request(route, served_label, status, time.perf_counter() - started)
         trace.finish(status)
         if trace.backend is not None and status in (200, 499) and principal is not None \
                 and plan is not None and ticket is not None:
-            _charge(gw, principal, model, trace.tail, plan.request.num_prompt_tokens,
+            _charge(gw, principal, served or model, trace.tail, plan.request.num_prompt_tokens,
                     ticket.num_output_tokens)
         if gw.request_log.wants(status):
             record = request_record(
-                request[REQUEST_ID], trace, started, status, error, served,
+                request[REQUEST_ID], trace, started, status, error, served_label,
                 principal, plan.request.num_prompt_tokens if plan is not None else None,
                 ticket.num_output_tokens if ticket is not None else None)
             if gw.request_log.include_prompt:
                 record["prompt"] = gw.request_log.prompt_of(parsed_body)
             gw.request_log.write(record)
+
+
+def _first_fitting(gw: Gateway, route: str, parsed: CompletionRequest, principal: Principal,
+                   candidates: tuple[str, ...]) -> tuple[RoutePlan, tuple[str, ...]]:
+    """The plan for the first candidate model whose context the prompt fits, and the
+    candidates from it on; the first one's 400 when it fits none."""
+    first_why: str | None = None
+    for index, served in enumerate(candidates):
+        plan = gw.router.describe(served, parsed.body, principal.tenant.id)
+        why = gw.router.unservable(plan.request)
+        if why is None:
+            return plan, candidates[index:]
+        first_why = first_why or why
+    assert first_why is not None
+    raise APIError.bad_request(first_why, param="messages" if route == "chat" else "prompt",
+                               code="context_length_exceeded")
+
+
+async def _serve_model(
+    request: web.Request, gw: Gateway, route: str, parsed: CompletionRequest, raw: bytes,
+    plan: RoutePlan, ticket: QuotaTicket, tier: Tier, principal: Principal, own_id: str,
+    served: str,
+) -> web.StreamResponse:
+    """SLO admission, then forward to a backend of ``served`` and relay its answer."""
+    trace = request[REQUEST_TRACE]
+    admitted: Admitted | None = None
+    try:
+        trace.waiting("admission_queue")
+        plan.needs_free_slot = gw.slo.is_enabled
+        try:
+            admitted = await gw.slo.admit(tier, principal.tenant, plan, own_id, body=raw)
+        except AdmissionRefused as refused:
+            raise overloaded(refused) from None
+        if admitted.snapshot is not None:  # routing reuses it: no second snapshot
+            plan.snapshot, plan.snapshot_taken_s = admitted.snapshot, admitted.snapshot_taken_s
+        trace.waited("admission_queue")
+        if served != parsed.model:  # an alias's target: the engine is asked for its own name
+            raw = orjson.dumps({**parsed.body, "model": served})
+        return await _forward(request, gw, route, parsed, raw, plan, ticket, admitted, served)
+    finally:
+        gw.slo.finished(admitted, plan.request.num_prompt_tokens + ticket.num_output_tokens)
+
+
+def _falls_back(exc: APIError) -> bool:
+    """Whether another model may serve a request this error refused: no backend, none
+    admissible, or an upstream that failed before the client had a byte."""
+    return exc.status in (502, 503, 504) and exc.code != "gateway_shutting_down"
 
 
 def _charge(gw: Gateway, principal: Principal, model: str, tail: bytes,
@@ -204,7 +263,7 @@ async def _read_json_body(request: web.Request, gw: Gateway) -> bytes:
 
 async def _forward(
     request: web.Request, gw: Gateway, route: str, parsed: CompletionRequest, raw: bytes,
-    plan: RoutePlan, ticket: QuotaTicket, admitted: Admitted,
+    plan: RoutePlan, ticket: QuotaTicket, admitted: Admitted, served: str,
 ) -> web.StreamResponse:
     router = gw.router
     trace = request[REQUEST_TRACE]
@@ -214,7 +273,7 @@ async def _forward(
     trace.routed(routed_s, ranked, plan.request.num_prompt_tokens)
     if not ranked:
         raise APIError.unavailable(
-            f"No healthy backend serves {parsed.model!r} right now; retry shortly.", 2
+            f"No healthy backend serves {served!r} right now; retry shortly.", 2
         )
     gw.metrics.observe_routing(plan.request.num_prompt_tokens, ranked[0][1].expected_cached_tokens)
     headers = {"Content-Type": "application/json", "X-Request-Id": request[REQUEST_ID]}
@@ -289,8 +348,8 @@ async def _forward(
             ending_at = _ending_at_events(parsed, plan)
             on_ending = (None if ending_at is None
                          else functools.partial(_stream_ending, gw, opened.backend, plan))
-            return await _relay_stream(request, gw, opened, ticket, ending_at, on_ending)
-        return await _relay_body(request, gw, opened, ticket)
+            return await _relay_stream(request, gw, opened, ticket, served, ending_at, on_ending)
+        return await _relay_body(request, gw, opened, ticket, served)
     finally:
         if upstream.status == 200:
             usage = reported_cache_usage(trace.tail)
@@ -352,7 +411,7 @@ def _stream_ending(gw: Gateway, backend: Backend, plan: RoutePlan) -> None:
 
 
 async def _relay_body(
-    request: web.Request, gw: Gateway, opened: Opened, ticket: QuotaTicket
+    request: web.Request, gw: Gateway, opened: Opened, ticket: QuotaTicket, served: str
 ) -> web.Response:
     upstream = opened.response
     body = opened.first_chunk  # the whole body (read by open()), unless a stream was answered
@@ -375,7 +434,8 @@ async def _relay_body(
     response = web.Response(
         status=upstream.status,
         body=body,
-        headers={"Content-Type": upstream.headers.get("content-type", "application/json")},
+        headers={"Content-Type": upstream.headers.get("content-type", "application/json"),
+                 MODEL_HEADER: served},
     )
     if gw.settings.routing.expose_backend_header:
         response.headers["x-switchyard-backend"] = opened.backend.name
@@ -397,7 +457,7 @@ async def _relay_body(
 
 
 async def _relay_stream(
-    request: web.Request, gw: Gateway, opened: Opened, ticket: QuotaTicket,
+    request: web.Request, gw: Gateway, opened: Opened, ticket: QuotaTicket, served: str,
     ending_at_events: int | None = None, on_ending: Callable[[], None] | None = None,
 ) -> web.StreamResponse:
     """Relay an SSE stream. After the first chunk (written with the response head), every
@@ -407,6 +467,7 @@ async def _relay_stream(
     settings = gw.settings.upstream
     out = web.StreamResponse(status=200, headers=_SSE_HEADERS)
     out.headers["x-request-id"] = request[REQUEST_ID]
+    out.headers[MODEL_HEADER] = served
     if gw.settings.routing.expose_backend_header:
         out.headers["x-switchyard-backend"] = opened.backend.name
     if ticket.is_limited:

@@ -23,6 +23,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic import model_validator as _model_validator
 
+from routing.aliases import Alias, alias_problems
+
 ENV_PREFIX = "SWITCHYARD_"
 # Read by the CLI wrappers (and SWITCHYARD_NATIVE at import, by routing.native, and
 # SWITCHYARD_WORKER by scripts/setup.sh), not settings of the gateway.
@@ -101,6 +103,58 @@ def check_backend_url(value: str) -> str:
     if not re.match(r"^https?://[^/\s]+(/[^\s]*)?$", value):
         raise ValueError("must be an http:// or https:// URL such as http://10.0.0.7:8000")
     return value.rstrip("/")
+
+
+class AliasTargetSettings(_Strict):
+    model: str = Field(description="a model the backends serve")
+    weight: float = Field(1.0, gt=0, description="its share of the alias's requests, "
+                          "relative to the other targets' weights")
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, value: str) -> str:
+        return _check_model_name(value)
+
+
+class AliasSettings(_Strict):
+    """A public model name clients send, standing for served models: weighted targets
+    (canaries) and fallbacks tried in order when the picked one cannot serve
+    (``routing/aliases.py``)."""
+
+    name: str
+    targets: list[AliasTargetSettings] = Field(
+        default_factory=list, description="default: the served model of the alias's own name")
+    fallbacks: list[str] = Field(default_factory=list)
+
+    @_model_validator(mode="before")
+    @classmethod
+    def _targets_as_names(cls, data: Any) -> Any:
+        """``targets: [a, b]`` is ``targets: [{model: a}, {model: b}]`` (equal weights)."""
+        if isinstance(data, dict) and isinstance(data.get("targets"), list):
+            data = {**data, "targets": [{"model": t} if isinstance(t, str) else t
+                                        for t in data["targets"]]}
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        return _check_model_name(value)
+
+    @field_validator("fallbacks")
+    @classmethod
+    def _check_fallbacks(cls, value: list[str]) -> list[str]:
+        return [_check_model_name(name) for name in value]
+
+    def to_alias(self) -> Alias:
+        targets = tuple((t.model, t.weight) for t in self.targets) or ((self.name, 1.0),)
+        return Alias(self.name, targets, tuple(self.fallbacks))
+
+
+def _check_model_name(value: str) -> str:
+    if not _NAME_RE.match(value):
+        raise ValueError(f"{value!r} is not a model name: use 1-128 characters of letters, "
+                         "digits and ._:/-")
+    return value
 
 
 class TierSettings(_Strict):
@@ -274,6 +328,7 @@ class Settings(_Strict):
         None, description="HMAC secret for API key hashes; without it keys are hashed with SHA-256"
     )
     backends: list[BackendSettings] = Field(default_factory=list)
+    aliases: list[AliasSettings] = Field(default_factory=list)
     tiers: list[TierSettings] = Field(default_factory=default_tiers)
     default_tier: str = "standard"
     default_limits: LimitSettings = LimitSettings()
@@ -321,6 +376,14 @@ def _cross_field_problems(data: Mapping[str, Any]) -> list[tuple[tuple[str | int
                                  f"backend names must be unique; {name!r} is repeated"))
             if isinstance(name, str):
                 seen.add(name)
+    aliases = data.get("aliases")
+    if isinstance(aliases, list):
+        try:
+            built = [AliasSettings.model_validate(a).to_alias() for a in aliases]
+        except ValidationError:
+            built = []  # reported as field errors
+        problems += [(("aliases", index, "name"), message)
+                     for index, message in alias_problems(built)]
     tiers = data.get("tiers")
     if tiers is None:
         tier_names = [t.name for t in default_tiers()]

@@ -70,6 +70,13 @@ class GatewayMetrics:
             "Requests retried on another backend before any byte reached the client.",
             registry=self.registry,
         )
+        self.fallbacks = Counter(
+            "switchyard_model_fallbacks",
+            "Requests for a model alias passed on to its next model (the picked one had no "
+            "healthy or admissible backend, or failed before any byte reached the client).",
+            ["model", "fallback"],
+            registry=self.registry,
+        )
         self.client_disconnects = Counter(
             "switchyard_client_disconnects",
             "Requests whose client went away before the response finished.",

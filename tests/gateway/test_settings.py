@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gateway.settings import ConfigError, Settings, load_settings
+from routing.aliases import Alias
 
 GOOD = """\
 listen:
@@ -144,6 +145,15 @@ def test_every_error_is_reported_with_file_line_and_path(tmp_path: Path) -> None
                      2, "backends[0].name", "letters", id="bad-backend-name"),
         pytest.param("listen: 5\n", 1, "listen", "dictionary", id="section-not-a-mapping"),
         pytest.param("state: disk\n", 1, "state", "'redis' or 'memory'", id="unknown-state"),
+        pytest.param("aliases:\n  - {name: chat, targets: [m1]}\n  - {name: chat, targets: [m2]}\n",
+                     3, "aliases[1].name", "'chat' is repeated", id="duplicate-alias"),
+        pytest.param("aliases:\n  - {name: a, targets: [m1]}\n"
+                     "  - {name: b, targets: [m2], fallbacks: [a]}\n",
+                     3, "aliases[1].name", "names the alias 'a'", id="alias-of-an-alias"),
+        pytest.param("aliases:\n  - name: chat\n    targets:\n      - {model: m1, weight: 0}\n",
+                     4, "aliases[0].targets[0].weight", "greater than 0", id="zero-weight"),
+        pytest.param("aliases:\n  - {name: chat, fallbacks: ['bad model!']}\n",
+                     2, "aliases[0].fallbacks", "not a model name", id="bad-fallback-name"),
     ],
 )
 def test_rejected_settings(
@@ -155,6 +165,19 @@ def test_rejected_settings(
     matching = [message for location, message in errors if location == where]
     assert matching, errors
     assert needle.lower() in matching[0].lower()
+
+
+def test_aliases_load_with_names_as_targets_and_a_default_target(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, (
+        "aliases:\n"
+        "  - name: chat\n"
+        "    targets: [m-v1, {model: m-v2, weight: 0.25}]\n"
+        "    fallbacks: [m-small]\n"
+        "  - {name: big, fallbacks: [m-small]}\n")), {})
+    assert [alias.to_alias() for alias in settings.aliases] == [
+        Alias("chat", (("m-v1", 1.0), ("m-v2", 0.25)), ("m-small",)),
+        Alias("big", (("big", 1.0),), ("m-small",)),
+    ]
 
 
 def test_cross_field_errors_are_reported_with_field_errors(tmp_path: Path) -> None:
