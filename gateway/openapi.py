@@ -94,6 +94,10 @@ def _completion_op(summary: str, body: str) -> dict[str, Any]:
             "200": {"description": "The engine's answer; with 'stream: true', SSE events "
                                    "ending in 'data: [DONE]' (a stream that breaks ends with a "
                                    "'data: {\"error\": ...}' event).",
+                    "headers": {"x-switchyard-model": {
+                        "description": "The model that served the request: the one asked for, "
+                                       "or the target or fallback of the alias asked for.",
+                        "schema": {"type": "string"}}},
                     "content": {"application/json": {"schema": ref("Completion")},
                                 "text/event-stream": {"schema": {"type": "string"}}}},
             **_errors(*_COMPLETION_ERRORS),
@@ -226,7 +230,10 @@ def document() -> dict[str, Any]:
                               "schema": {"type": "string",
                                          "pattern": "^[A-Za-z0-9._:@/+=-]{1,128}$"}},
                 "Tier": {"name": TIER_HEADER, "in": "header", "required": False,
-                         "description": "Run in this tier, at most the tenant's own.",
+                         "description": "Run in this tier, at most the tenant's own. "
+                                        "Without it, x-llm-d-inference-objective, "
+                                        "x-llm-d-slo-ttft-ms, x-smg-priority or the body's "
+                                        "service_tier may lower the tier (docs/admission.md).",
                          "schema": {"type": "string"}},
             },
             "securitySchemes": {

@@ -182,6 +182,10 @@ def _variant(draw: st.DrawFn, rng: random.Random, gen: SchemaGen, schema: dict[s
     if models is not None and isinstance(value, dict):
         if how == "as-is" and rng.random() < 0.9:
             value = {**value, "model": rng.choice(models)}
+        if how == "as-is" and "stream" in gen.resolve(schema).get("properties", {}):
+            # Streamed or not per request, not per batch: a few batches' base bodies would
+            # otherwise decide how many streams the whole run sends.
+            value = {**value, "stream": rng.random() < 0.5}
         if not value.keys() & LIMIT_FIELDS:
             value = {**value, "max_tokens": draw(SMALL_MAX_TOKENS)}  # not the engine's 256
     return encode(draw, value, rng, damaged_share=1.0 if how == "damaged" else 0.0)
