@@ -38,6 +38,12 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.trace import SpanKind, Tracer, set_span_in_context
 
+from backends.embeddings import (
+    EmbeddingsError,
+    EmbeddingsRequest,
+    dimensions_error,
+    parse_embeddings,
+)
 from backends.engine_core.types import EnginePhases
 
 MAX_REQUEST_BODY_BYTES = 64 * 1024 * 1024
@@ -62,9 +68,10 @@ class Completion(Protocol):
 
 def add_openai_routes(app: web.Application,
                       serve: Callable[[web.Request, bool], Awaitable[web.StreamResponse]], *,
-                      models: Handler, health: Handler, metrics: Handler) -> None:
+                      models: Handler, health: Handler, metrics: Handler,
+                      embeddings: Handler | None = None) -> None:
     """The routes every engine answers; ``serve(request, is_chat)`` handles both completion
-    endpoints."""
+    endpoints, ``embeddings`` (when given) ``/v1/embeddings``."""
 
     async def chat(request: web.Request) -> web.StreamResponse:
         return await serve(request, True)
@@ -74,6 +81,8 @@ def add_openai_routes(app: web.Application,
 
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/completions", completions)
+    if embeddings is not None:
+        app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
@@ -114,11 +123,13 @@ def json_response(body: Any) -> web.Response:
 
 
 class BadBody(Exception):
-    """The request body is not JSON; ``response`` is the 400 to send."""
+    """A request body the engine refuses (not JSON, by default); ``response`` is the error
+    to send."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None,
+                 status: int = 400) -> None:
         super().__init__(message)
-        self.response = error_response(400, message)
+        self.response = error_response(status, message, param, code)
 
 
 async def read_json(request: web.Request) -> Any:
@@ -127,6 +138,18 @@ async def read_json(request: web.Request) -> Any:
         return orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
         raise BadBody(f"The request body is not valid JSON: {exc}") from None
+
+
+def check_embeddings(body: Any, models: tuple[str, ...], num_dims: int) -> EmbeddingsRequest:
+    """The checked body (parsed JSON) of an embeddings request to an engine serving
+    ``models`` with vectors of ``num_dims``; raises ``BadBody`` with its OpenAI-format error."""
+    try:
+        parsed = parse_embeddings(body, models)
+        if (error := dimensions_error(parsed, num_dims)) is not None:
+            raise error
+    except EmbeddingsError as exc:
+        raise BadBody(exc.message, exc.param, exc.code, exc.status) from None
+    return parsed
 
 
 def sequence_id(request: web.Request) -> str:

@@ -117,6 +117,7 @@ def setup_routes(app: web.Application) -> None:
     routes: list[tuple[str, str, Handler]] = [
         ("POST", "/v1/chat/completions", proxy.chat_completions),
         ("POST", "/v1/completions", proxy.completions),
+        ("POST", "/v1/embeddings", proxy.embeddings),
         ("GET", "/v1/models", handlers.list_models),
         ("GET", "/v1/models/{model}", handlers.get_model),
         ("GET", "/healthz", handlers.healthz),

@@ -83,7 +83,14 @@ def _body(name: str) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": ref(name)}}}
 
 
-def _completion_op(summary: str, body: str) -> dict[str, Any]:
+def _completion_op(summary: str, body: str, answer: str = "Completion",
+                   description: str = "The engine's answer; with 'stream: true', SSE events "
+                                      "ending in 'data: [DONE]' (a stream that breaks ends "
+                                      "with a 'data: {\"error\": ...}' event).",
+                   ) -> dict[str, Any]:
+    content: dict[str, Any] = {"application/json": {"schema": ref(answer)}}
+    if answer == "Completion":
+        content["text/event-stream"] = {"schema": {"type": "string"}}
     return {
         "summary": summary,
         "security": TENANT,
@@ -91,15 +98,12 @@ def _completion_op(summary: str, body: str) -> dict[str, Any]:
                        {"$ref": "#/components/parameters/Tier"}],
         "requestBody": _body(body),
         "responses": {
-            "200": {"description": "The engine's answer; with 'stream: true', SSE events "
-                                   "ending in 'data: [DONE]' (a stream that breaks ends with a "
-                                   "'data: {\"error\": ...}' event).",
+            "200": {"description": description,
                     "headers": {"x-switchyard-model": {
                         "description": "The model that served the request: the one asked for, "
                                        "or the target or fallback of the alias asked for.",
                         "schema": {"type": "string"}}},
-                    "content": {"application/json": {"schema": ref("Completion")},
-                                "text/event-stream": {"schema": {"type": "string"}}}},
+                    "content": content},
             **_errors(*_COMPLETION_ERRORS),
         },
     }
@@ -131,6 +135,9 @@ def _paths() -> dict[str, Any]:
                                                         "ChatCompletionRequest")},
         "/v1/completions": {"post": _completion_op("Create a text completion.",
                                                    "CompletionRequest")},
+        "/v1/embeddings": {"post": _completion_op(
+            "Create embeddings.", "EmbeddingsRequest", "EmbeddingList",
+            "The engine's vectors, one per input, in order (base64 when asked).")},
         "/v1/models": {"get": {"summary": "The models this tenant may use.", "security": TENANT,
                                "responses": {**_json_ok(ref("ModelList")),
                                              **_errors("401", "403", "503", "default")}}},

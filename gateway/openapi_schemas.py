@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from backends.embeddings import ENCODING_FORMATS, MAX_INPUTS
 from gateway.admin import KeyCreate, KeyImport, TenantCreate, TenantUpdate
 from gateway.tenancy import MAX_WEIGHT, MIN_WEIGHT
 from gateway.validation import _NUMERIC_FIELDS, _ROLES, MAX_TOKEN_ID
@@ -109,6 +110,35 @@ def _completion_schemas() -> dict[str, Schema]:
                 ]},
             },
             "additionalProperties": True,
+        },
+        "EmbeddingsRequest": {
+            "type": "object",
+            "required": ["model", "input"],
+            "properties": {
+                "model": {"type": "string", "minLength": 1, "maxLength": 256},
+                "input": {"anyOf": [
+                    {"type": "string", "minLength": 1},
+                    {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS,
+                     "items": {"type": "string", "minLength": 1}},
+                    token_ids,
+                    {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": token_ids},
+                ]},
+                "encoding_format": {"type": "string", "enum": list(ENCODING_FORMATS)},
+                "dimensions": {"type": "integer", "minimum": 1},
+                "user": {"type": "string"},
+            },
+            "additionalProperties": True,
+        },
+        "EmbeddingList": {
+            "type": "object",
+            "description": "The engine's OpenAI-format answer, relayed unchanged.",
+            "required": ["object", "data"],
+            "properties": {
+                "object": {"type": "string", "enum": ["list"]},
+                "model": {"type": "string"},
+                "data": {"type": "array", "items": {"type": "object"}},
+                "usage": {"type": "object"},
+            },
         },
         "Completion": {
             "type": "object",

@@ -40,11 +40,13 @@ from gateway.errors import APIError, error_body, unreadable_body
 from gateway.observe.request_log import request_record
 from gateway.observe.telemetry import REQUEST_TRACE, TELEMETRY
 from gateway.router import RoutePlan, reported_cache_usage, reported_usage
-from gateway.validation import CompletionRequest, parse_completion_body
+from gateway.validation import CompletionRequest, parse_completion_body, parse_embeddings_body
+from routing.types import RouteRequest
 
 log = logging.getLogger(__name__)
 
-_ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
+           "embeddings": "/v1/embeddings"}
 _FORWARDED_HEADERS = ("traceparent", "tracestate", "accept")
 MODEL_HEADER = "x-switchyard-model"  # the served model: the one asked for, or an alias's
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -57,6 +59,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     return await _handle(request, "completions")
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    """Auth, the tenant's quotas (the input's tokens), aliases and load-aware routing as for
+    completions; no SLO admission (an embedding has no first token to wait for) and no
+    prefix affinity (nothing of it stays cached)."""
+    return await _handle(request, "embeddings")
 
 
 async def _handle(request: web.Request, route: str) -> web.StreamResponse:
@@ -81,7 +90,11 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
             raise
         trace.waited("auth", started)
         raw = await _read_json_body(request, gw)
-        parsed = parse_completion_body(raw, route=route)
+        num_input_tokens = 0
+        if route == "embeddings":
+            parsed, num_input_tokens = parse_embeddings_body(raw)
+        else:
+            parsed = parse_completion_body(raw, route=route)
         parsed_body = parsed.body
         model = parsed.model
         candidates = gw.aliases.candidates(model) if gw.aliases else None
@@ -98,7 +111,10 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
                 "you may use.", code="model_not_allowed", param="model",
             )
         # The first model the prompt fits; a later one is checked when its turn comes.
-        plan, candidates = _first_fitting(gw, route, parsed, principal, candidates)
+        if route == "embeddings":
+            plan = _input_plan(candidates[0], num_input_tokens, principal)
+        else:
+            plan, candidates = _first_fitting(gw, route, parsed, principal, candidates)
         served = candidates[0]
         tier = tier_for(gw.slo, principal, request.headers.get(TIER_HEADER),
                         hints_from(request.headers, parsed.body))
@@ -113,7 +129,9 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
         try:
             first_error: APIError | None = None
             for index, served in enumerate(candidates):
-                if index:
+                if index and route == "embeddings":
+                    plan = _input_plan(served, num_input_tokens, principal)
+                elif index:
                     plan = gw.router.describe(served, parsed.body, principal.tenant.id)
                     if gw.router.unservable(plan.request) is not None:
                         continue
@@ -187,6 +205,9 @@ async def _serve_model(
 ) -> web.StreamResponse:
     """SLO admission, then forward to a backend of ``served`` and relay its answer."""
     trace = request[REQUEST_TRACE]
+    if route == "embeddings":  # nothing to admit: routed on load alone
+        return await _forward(request, gw, route, parsed, _for_model(parsed, raw, served),
+                              plan, ticket, Admitted(principal.tenant.id), served)
     admitted: Admitted | None = None
     try:
         trace.waiting("admission_queue")
@@ -198,11 +219,24 @@ async def _serve_model(
         if admitted.snapshot is not None:  # routing reuses it: no second snapshot
             plan.snapshot, plan.snapshot_taken_s = admitted.snapshot, admitted.snapshot_taken_s
         trace.waited("admission_queue")
-        if served != parsed.model:  # an alias's target: the engine is asked for its own name
-            raw = orjson.dumps({**parsed.body, "model": served})
-        return await _forward(request, gw, route, parsed, raw, plan, ticket, admitted, served)
+        return await _forward(request, gw, route, parsed, _for_model(parsed, raw, served), plan,
+                              ticket, admitted, served)
     finally:
         gw.slo.finished(admitted, plan.request.num_prompt_tokens + ticket.num_output_tokens)
+
+
+def _for_model(parsed: CompletionRequest, raw: bytes, served: str) -> bytes:
+    """The body for the engine: the client's bytes, or, when an alias's target serves it,
+    with the model the engine serves."""
+    return raw if served == parsed.model else orjson.dumps({**parsed.body, "model": served})
+
+
+def _input_plan(served: str, num_input_tokens: int, principal: Principal) -> RoutePlan:
+    """An embeddings request's plan: its input tokens, no prefix (nothing stays cached), no
+    output (the quota reserves the input alone)."""
+    request = RouteRequest(model=served, num_prompt_tokens=max(1, num_input_tokens),
+                           tenant_id=principal.tenant.id, max_tokens=0)
+    return RoutePlan(request, request.num_prompt_tokens)
 
 
 def _falls_back(exc: APIError) -> bool:

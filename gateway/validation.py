@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from backends.embeddings import EmbeddingsError, parse_embeddings
 from gateway.errors import APIError
 
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
@@ -41,13 +42,14 @@ class CompletionRequest:
     body: dict[str, Any]
 
 
-def parse_completion_body(raw: bytes, *, route: str) -> CompletionRequest:
-    """Parse and check a chat (``route="chat"``) or completions (``"completions"``) body."""
+_MAIN_FIELD = {"chat": "messages", "completions": "prompt", "embeddings": "input"}
+
+
+def _json_object(raw: bytes, route: str) -> dict[str, Any]:
     if not raw:
         raise APIError.bad_request(
-            "The request body is empty; send a JSON object with 'model' and "
-            + ("'messages'." if route == "chat" else "'prompt'.")
-        )
+            f"The request body is empty; send a JSON object with 'model' and "
+            f"'{_MAIN_FIELD[route]}'.")
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -59,6 +61,24 @@ def parse_completion_body(raw: bytes, *, route: str) -> CompletionRequest:
         raise APIError.bad_request(
             f"The request body must be a JSON object, not {_json_type(body)}.", code="invalid_json"
         )
+    return body
+
+
+def parse_embeddings_body(raw: bytes) -> tuple[CompletionRequest, int]:
+    """Parse and check an embeddings body; with the tokens its inputs hold (counted for
+    token ids, estimated for text)."""
+    body = _json_object(raw, "embeddings")
+    try:
+        parsed = parse_embeddings(body)
+    except EmbeddingsError as exc:
+        raise APIError.bad_request(exc.message, param=exc.param, code=exc.code) from None
+    return (CompletionRequest(model=parsed.model, is_stream=False, body=body),
+            parsed.num_estimated_tokens)
+
+
+def parse_completion_body(raw: bytes, *, route: str) -> CompletionRequest:
+    """Parse and check a chat (``route="chat"``) or completions (``"completions"``) body."""
+    body = _json_object(raw, route)
     model = body.get("model")
     if model is None:
         raise APIError.bad_request("Missing required parameter: 'model'.", param="model")

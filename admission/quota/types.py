@@ -143,7 +143,8 @@ class QuotaDecision:
                     f"in flight {self.num_leases}.{wait}")
         if self.refused_by == "too_large":
             return (f"Request too large for tokens per minute: limit {self.limit_tokens}, "
-                    f"requested {self.requested_tokens}. Lower max_tokens or shorten the prompt.")
+                    f"requested {self.requested_tokens} (prompt or input, and max_tokens). Lower "
+                    "max_tokens or shorten the prompt or input.")
         if self.refused_by == "unavailable":
             return "The quota service is unavailable; please retry shortly."
         return "Allowed."

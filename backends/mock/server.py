@@ -12,16 +12,20 @@ import time
 import orjson
 from aiohttp import web
 
+from backends.embeddings import HASHED_DIMS, embeddings_body, hashed_embedding
 from backends.engine_http import (
     DONE_EVENT,
     HEALTH_BODY,
     JSON_CONTENT_TYPE,
     MAX_REQUEST_BODY_BYTES,
     SSE_HEADERS,
+    BadBody,
     add_openai_routes,
+    check_embeddings,
     json_response,
     models_page,
     new_completion_id,
+    read_json,
 )
 from backends.mock.config import MockEngineConfig
 from backends.mock.errors import RequestError
@@ -41,7 +45,8 @@ def create_app(config: MockEngineConfig) -> web.Application:
     app[CONFIG_KEY] = config
     app[STATS_KEY] = MockStats()
     app[MODELS_BODY_KEY] = _models_body(config.models, created_s=int(time.time()))
-    add_openai_routes(app, _serve_completion, models=_models, health=_health, metrics=_metrics)
+    add_openai_routes(app, _serve_completion, models=_models, health=_health, metrics=_metrics,
+                      embeddings=_serve_embeddings)
     app.router.add_get("/mock/stats", _mock_stats)
     app.router.add_post("/mock/reset", _mock_reset)
     return app
@@ -54,6 +59,33 @@ async def _serve_completion(request: web.Request, is_chat: bool) -> web.StreamRe
     try:
         response, outcome = await _complete(request, stats, is_chat=is_chat)
         return response
+    except asyncio.CancelledError:
+        outcome = "cancelled"
+        raise
+    finally:
+        stats.finish(outcome)
+
+
+async def _serve_embeddings(request: web.Request) -> web.StreamResponse:
+    """Vectors derived from each input's text (``backends.embeddings.hashed_embedding``), a
+    token per word (or token id), at once."""
+    stats = request.app[STATS_KEY]
+    stats.start()
+    outcome: Outcome = "completed"
+    try:
+        stats.last_headers = request.headers
+        stats.last_body = None
+        try:
+            stats.last_body = body = await read_json(request)
+            parsed = check_embeddings(body, request.app[CONFIG_KEY].models, HASHED_DIMS)
+        except BadBody as exc:
+            return exc.response
+        texts = [" ".join(map(str, i)) if isinstance(i, tuple) else i for i in parsed.inputs]
+        num_tokens = sum(len(i) if isinstance(i, tuple) else max(1, len(i.split()))
+                         for i in parsed.inputs)
+        vectors = [hashed_embedding(text, HASHED_DIMS) for text in texts]
+        return web.Response(body=embeddings_body(parsed, vectors, num_tokens),
+                            content_type=JSON_CONTENT_TYPE)
     except asyncio.CancelledError:
         outcome = "cancelled"
         raise

@@ -12,12 +12,14 @@ spans timed by the worker's own clock.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from backends.embeddings import HASHED_DIMS, embeddings_body, hashed_embedding
 from backends.engine_core.request import (
     EngineRequest,
     EngineRequestError,
@@ -31,6 +33,7 @@ from backends.engine_http import (
     SSE_HEADERS,
     BadBody,
     add_openai_routes,
+    check_embeddings,
     completion_body,
     error_response,
     json_response,
@@ -74,7 +77,8 @@ def create_app(worker: SimWorker, tokenizer: Tokenizer) -> web.Application:
     app[WORKER] = worker
     app[TOKENIZER] = tokenizer
     tracer(SERVICE_NAME)  # a bad OTEL_* setting fails at start, not on the first request
-    add_openai_routes(app, _serve, models=_models, health=_health, metrics=_metrics)
+    add_openai_routes(app, _serve, models=_models, health=_health, metrics=_metrics,
+                      embeddings=_serve_embeddings)
     app.router.add_get("/sim/profile", _profile)
     app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)
     return app
@@ -114,6 +118,29 @@ async def _serve(request: web.Request, is_chat: bool) -> web.StreamResponse:
                           max_tokens=parsed.max_tokens, phases=handle.phases(),
                           finish_reason=handle.finish_reason, worker_id=worker.worker_id,
                           started_ns=started_ns)
+
+
+async def _serve_embeddings(request: web.Request) -> web.StreamResponse:
+    """Vectors derived from each input's text (``backends.embeddings.hashed_embedding``),
+    answered after the time one prefill step of all the inputs' tokens takes on this
+    worker's profile. They run beside the engine's batch, not in it: its load and KV cache
+    do not see them."""
+    worker = request.app[WORKER]
+    tokenizer = request.app[TOKENIZER]
+    try:
+        parsed = check_embeddings(await read_json(request), (worker.profile.model,),
+                                  HASHED_DIMS)
+    except BadBody as exc:
+        return exc.response
+    texts = [" ".join(map(str, i)) if isinstance(i, tuple) else i for i in parsed.inputs]
+    num_tokens = sum(len(i) if isinstance(i, tuple) else len(tokenizer.encode(i))
+                     for i in parsed.inputs)
+    profile = worker.profile
+    await asyncio.sleep(profile.latency.step_time_s(
+        num_prefill_tokens=num_tokens, num_decode_seqs=0, num_kv_tokens=num_tokens,
+        speed_factor=profile.speed_factor))
+    vectors = [hashed_embedding(text, HASHED_DIMS) for text in texts]
+    return json_response(embeddings_body(parsed, vectors, num_tokens))
 
 
 def _usage(parsed: EngineRequest, handle: RequestHandle) -> dict[str, Any]:

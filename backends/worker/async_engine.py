@@ -283,6 +283,12 @@ class AsyncEngine:
         # list(dict) of int keys runs in C under the GIL: safe while the engine thread steps.
         return self.engine.resident_hashes()
 
+    async def embed(self, prompts: list[list[int]]) -> list[list[float]]:
+        """``LLMEngine.embed`` between two steps, on the engine's thread (it raises its
+        ValueError)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.engine.embed, prompts)
+
     async def reset_prefix_cache(self) -> bool:
         """Drop every cached prefix, between steps; False while requests hold KV."""
         loop = asyncio.get_running_loop()

@@ -177,6 +177,34 @@ class LLMEngine:
         self.scheduler.check_servable(seq)
         return seq
 
+    def embed(self, prompts: SequenceOf[SequenceOf[int]]) -> list[list[float]]:
+        """One unit vector per prompt: the mean of the model's final (normed) hidden states
+        over its tokens, the pooling vLLM gives a decoder served for embeddings. One forward
+        pass per prompt with causal attention and no KV cache (nothing is cached or
+        evicted); ValueError (with what to change) for a token id outside the vocabulary or a
+        prompt longer than the model's context. Call it from the engine's thread."""
+        vocab_size = self.model.config.vocab_size
+        max_tokens = self.model.config.max_position_embeddings
+        for index, ids in enumerate(prompts):
+            if not ids:
+                raise ValueError(f"input {index} has no tokens")
+            if len(ids) > max_tokens:
+                raise ValueError(f"input {index} has {len(ids)} tokens, more than the model's "
+                                 f"context of {max_tokens}; shorten it")
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"token ids must be integers in [0, {vocab_size}); input "
+                                 f"{index} has {bad[:3]}")
+        device = self.model.device
+        vectors = []
+        with torch.inference_mode():
+            for ids in prompts:
+                input_ids = torch.tensor([list(ids)], dtype=torch.long, device=device)
+                positions = torch.arange(len(ids), device=device)[None]
+                pooled = self.model(input_ids, positions)[0].float().mean(dim=0)
+                vectors.append(torch.nn.functional.normalize(pooled, dim=0).tolist())
+        return vectors
+
     def add_request(self, request_id: str, prompt_token_ids: Iterable[int],
                     params: SamplingParams, *, cache_salt: str | None = None) -> Sequence:
         """Queue a request; ValueError if it can never be served (see `make_sequence`)."""

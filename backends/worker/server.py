@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
+from backends.embeddings import embeddings_body
 from backends.engine_http import (
     DONE_EVENT,
     HEALTH_BODY,
@@ -34,6 +35,7 @@ from backends.engine_http import (
     SSE_HEADERS,
     BadBody,
     add_openai_routes,
+    check_embeddings,
     completion_body,
     error_body,
     error_response,
@@ -97,7 +99,8 @@ def create_app(engine: AsyncEngine, *, model_name: str,
     tracer(SERVICE_NAME)  # a bad OTEL_* setting fails at start, not on the first request
     app.cleanup_ctx.append(_run_engine)
     app.on_shutdown.append(_on_shutdown)
-    add_openai_routes(app, _serve, models=_models, health=_health, metrics=_metrics)
+    add_openai_routes(app, _serve, models=_models, health=_health, metrics=_metrics,
+                      embeddings=_serve_embeddings)
     app.router.add_get("/worker/profile", _profile)
     app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)
     return app
@@ -173,6 +176,25 @@ async def _serve(request: web.Request, is_chat: bool) -> web.StreamResponse:
                           max_tokens=parsed.max_tokens, phases=handle.phases(),
                           finish_reason=handle.finish_reason, worker_id=engine.worker_id,
                           started_ns=started_ns)
+
+
+async def _serve_embeddings(request: web.Request) -> web.StreamResponse:
+    """The model's pooled hidden states (``LLMEngine.embed``), one vector of its hidden size
+    per input, computed between the engine's steps."""
+    worker = request.app[WORKER]
+    engine = worker.engine
+    try:
+        parsed = check_embeddings(await read_json(request), (worker.model_name,),
+                                  engine.engine.model.config.hidden_size)
+    except BadBody as exc:
+        return exc.response
+    tokenizer = engine.engine.tokenizer
+    prompts = [list(i) if isinstance(i, tuple) else tokenizer.encode(i) for i in parsed.inputs]
+    try:
+        vectors = await engine.embed(prompts)
+    except ValueError as exc:
+        return error_response(400, f"{exc}.", "input", "invalid_value")
+    return json_response(embeddings_body(parsed, vectors, sum(len(p) for p in prompts)))
 
 
 def _usage(handle: RequestHandle) -> dict[str, Any]:

@@ -142,6 +142,14 @@ def test_up_serves_the_demo_key_and_ctrl_c_stops_every_child() -> None:
             max_tokens=3, temperature=0,
         )
         assert reply.model == "SmolLM2-135M-Instruct" and reply.choices[0].message.content
+        # Embeddings from both kinds of worker, found through their heartbeats.
+        simulated = client.embeddings.create(model="switchyard-sim", input="hello there")
+        assert len(simulated.data[0].embedding) == 64
+        pooled = client.embeddings.create(model="SmolLM2-135M-Instruct",
+                                          input=["Trains are fast.", "Trains are quick."])
+        first, second = (d.embedding for d in pooled.data)
+        assert len(first) == 576  # SmolLM2-135M's hidden size
+        assert sum(a * b for a, b in zip(first, second, strict=True)) > 0.5  # alike sentences
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0

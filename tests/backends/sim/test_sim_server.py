@@ -16,6 +16,7 @@ import orjson
 import pytest
 import redis as redis_sync
 
+from backends.embeddings import HASHED_DIMS, hashed_embedding
 from backends.publisher import (
     WORKERS_ZSET,
     kv_snapshot_key,
@@ -222,3 +223,17 @@ def test_heartbeat_and_kv_events_in_redis(procs: ProcessGroup, tmp_path: Path) -
     while time.monotonic() < deadline and not client.exists(kv_snapshot_key(worker_ids[0])):
         time.sleep(0.1)
     assert client.exists(kv_snapshot_key(worker_ids[0]))
+
+
+def test_embeddings_with_the_openai_sdk(fleet: SimFleet) -> None:
+    client = _client(fleet.urls[0])
+    result = client.embeddings.create(model=MODEL, input=["Tell me about trains.", "hi"])
+    assert [d.index for d in result.data] == [0, 1]
+    assert result.data[0].embedding == pytest.approx(
+        hashed_embedding("Tell me about trains.", HASHED_DIMS), rel=1e-6)
+    assert result.usage.prompt_tokens > 2  # counted by the real tokenizer
+    short = client.embeddings.create(model=MODEL, input=[1, 2, 3], dimensions=4,
+                                     encoding_format="float")
+    assert len(short.data[0].embedding) == 4 and short.usage.prompt_tokens == 3
+    response = httpx.post(fleet.urls[0] + "/v1/embeddings", json={"model": MODEL, "input": []})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "input"

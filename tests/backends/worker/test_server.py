@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -133,6 +134,33 @@ def test_chat_and_completion_bodies(server: ServerThread) -> None:
                                              "max_tokens": 3, "ignore_eos": True}).json()
     assert text["object"] == "text_completion" and isinstance(text["choices"][0]["text"], str)
     assert text["usage"]["prompt_tokens"] == 5 and text["usage"]["completion_tokens"] == 3
+
+
+def test_embeddings_pool_the_models_hidden_states(server: ServerThread) -> None:
+    hidden_size = TINY_CONFIG.hidden_size
+    answer = _post(server, "/v1/embeddings", {
+        "model": MODEL, "input": ["hello there", "hello there", "something else"]}).json()
+    vectors = [d["embedding"] for d in answer["data"]]
+    assert [len(v) for v in vectors] == [hidden_size] * 3
+    assert all(math.isclose(math.fsum(x * x for x in v), 1.0, rel_tol=1e-5) for v in vectors)
+    assert vectors[0] == pytest.approx(vectors[1], abs=1e-6)  # the same text, the same vector
+    assert vectors[0] != pytest.approx(vectors[2], abs=1e-3)
+    assert answer["usage"]["prompt_tokens"] == 2 * len("hello there") + len("something else")
+    ids = _post(server, "/v1/embeddings", {"model": MODEL, "input": [[10, 11, 12]],
+                                           "dimensions": 8}).json()
+    assert len(ids["data"][0]["embedding"]) == 8 and ids["usage"]["prompt_tokens"] == 3
+    for body, param in [({"model": MODEL, "input": [10**9]}, "input"),
+                        ({"model": MODEL, "input": "x", "dimensions": hidden_size + 1},
+                         "dimensions"),
+                        ({"model": "other", "input": "x"}, "model")]:
+        response = _post(server, "/v1/embeddings", body)
+        assert response.status_code in (400, 404), response.text
+        assert response.json()["error"]["param"] == param
+    # Generation goes on beside them.
+    chat = _post(server, "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": "still here"}],
+        "max_tokens": 2, "ignore_eos": True})
+    assert chat.status_code == 200
 
 
 def test_streams_frame_like_openai(server: ServerThread) -> None:
