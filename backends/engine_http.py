@@ -44,7 +44,10 @@ from backends.embeddings import (
     dimensions_error,
     parse_embeddings,
 )
+from backends.engine_core.request import EngineRequestError
+from backends.engine_core.tokenize import detokenize_body, tokenize_body
 from backends.engine_core.types import EnginePhases
+from backends.tokenizer import Tokenizer
 
 MAX_REQUEST_BODY_BYTES = 64 * 1024 * 1024
 JSON_CONTENT_TYPE = "application/json"
@@ -86,6 +89,39 @@ def add_openai_routes(app: web.Application,
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+
+
+TokenizerOf = Callable[[web.Request], tuple[tuple[str, ...], Tokenizer, int]]
+
+
+def add_tokenizer_routes(app: web.Application, tokenizer_of: TokenizerOf) -> None:
+    """vLLM's ``/tokenize`` and ``/detokenize`` (``backends.engine_core.tokenize``);
+    ``tokenizer_of(request)`` gives the served models, the tokenizer and the context length."""
+
+    async def tokenize(request: web.Request) -> web.StreamResponse:
+        return await _tokenizer_answer(request, tokenizer_of, is_tokenize=True)
+
+    async def detokenize(request: web.Request) -> web.StreamResponse:
+        return await _tokenizer_answer(request, tokenizer_of, is_tokenize=False)
+
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+
+
+async def _tokenizer_answer(request: web.Request, tokenizer_of: TokenizerOf, *,
+                            is_tokenize: bool) -> web.StreamResponse:
+    try:
+        body = await read_json(request)
+    except BadBody as exc:
+        return exc.response
+    models, tokenizer, max_context_tokens = tokenizer_of(request)
+    try:
+        if is_tokenize:
+            return json_response(tokenize_body(body, models=models, tokenizer=tokenizer,
+                                               max_context_tokens=max_context_tokens))
+        return json_response(detokenize_body(body, models=models, tokenizer=tokenizer))
+    except EngineRequestError as exc:
+        return error_response(exc.status, exc.message, exc.param, exc.code)
 
 
 def error_type_for_status(status: int) -> str:

@@ -118,6 +118,8 @@ def setup_routes(app: web.Application) -> None:
         ("POST", "/v1/chat/completions", proxy.chat_completions),
         ("POST", "/v1/completions", proxy.completions),
         ("POST", "/v1/embeddings", proxy.embeddings),
+        ("POST", "/tokenize", proxy.tokenize),
+        ("POST", "/detokenize", proxy.detokenize),
         ("GET", "/v1/models", handlers.list_models),
         ("GET", "/v1/models/{model}", handlers.get_model),
         ("GET", "/healthz", handlers.healthz),

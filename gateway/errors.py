@@ -106,7 +106,7 @@ def error_body(
 _HTTP_MESSAGES: dict[int, tuple[str, str]] = {
     400: ("The request could not be parsed as HTTP.", "invalid_request"),
     404: ("Unknown path. The gateway serves /v1/chat/completions, /v1/completions, "
-          "/v1/embeddings and /v1/models.", "unknown_url"),
+          "/v1/embeddings, /v1/models, /tokenize and /detokenize.", "unknown_url"),
     405: ("Method not allowed for this path.", "method_not_allowed"),
     413: ("Request body too large.", "request_too_large"),
     414: ("Request URI too long.", "uri_too_long"),

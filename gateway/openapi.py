@@ -138,6 +138,13 @@ def _paths() -> dict[str, Any]:
         "/v1/embeddings": {"post": _completion_op(
             "Create embeddings.", "EmbeddingsRequest", "EmbeddingList",
             "The engine's vectors, one per input, in order (base64 when asked).")},
+        "/tokenize": {"post": _completion_op(
+            "vLLM's /tokenize, passed to an engine serving the model.", "TokenizeRequest",
+            "TokenizeAnswer", "The engine's tokens; 404 'unsupported_endpoint' from an engine "
+            "without it.")},
+        "/detokenize": {"post": _completion_op(
+            "vLLM's /detokenize, passed to an engine serving the model.", "DetokenizeRequest",
+            "DetokenizeAnswer", "The engine's text.")},
         "/v1/models": {"get": {"summary": "The models this tenant may use.", "security": TENANT,
                                "responses": {**_json_ok(ref("ModelList")),
                                              **_errors("401", "403", "503", "default")}}},

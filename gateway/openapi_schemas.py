@@ -129,6 +129,37 @@ def _completion_schemas() -> dict[str, Schema]:
             },
             "additionalProperties": True,
         },
+        "TokenizeRequest": {
+            "type": "object",
+            "required": ["model"],
+            "properties": {
+                "model": {"type": "string", "minLength": 1, "maxLength": 256},
+                "prompt": {"type": "string"},
+                "messages": {"type": "array", "minItems": 1, "items": ref("ChatMessage")},
+                "add_generation_prompt": {"type": "boolean"},
+            },
+            "additionalProperties": True,
+        },
+        "TokenizeAnswer": {
+            "type": "object",
+            "required": ["count", "tokens"],
+            "properties": {"count": {"type": "integer"}, "max_model_len": {"type": "integer"},
+                           "tokens": {"type": "array", "items": {"type": "integer"}}},
+        },
+        "DetokenizeRequest": {
+            "type": "object",
+            "required": ["model", "tokens"],
+            "properties": {
+                "model": {"type": "string", "minLength": 1, "maxLength": 256},
+                "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+            },
+            "additionalProperties": True,
+        },
+        "DetokenizeAnswer": {
+            "type": "object",
+            "required": ["prompt"],
+            "properties": {"prompt": {"type": "string"}},
+        },
         "EmbeddingList": {
             "type": "object",
             "description": "The engine's OpenAI-format answer, relayed unchanged.",

@@ -40,13 +40,21 @@ from gateway.errors import APIError, error_body, unreadable_body
 from gateway.observe.request_log import request_record
 from gateway.observe.telemetry import REQUEST_TRACE, TELEMETRY
 from gateway.router import RoutePlan, reported_cache_usage, reported_usage
-from gateway.validation import CompletionRequest, parse_completion_body, parse_embeddings_body
+from gateway.validation import (
+    CompletionRequest,
+    parse_completion_body,
+    parse_embeddings_body,
+    parse_tokenizer_body,
+)
 from routing.types import RouteRequest
 
 log = logging.getLogger(__name__)
 
 _ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
-           "embeddings": "/v1/embeddings"}
+           "embeddings": "/v1/embeddings", "tokenize": "/tokenize", "detokenize": "/detokenize"}
+# Routed on load alone, without SLO admission: nothing waits for a first token.
+_LOAD_ROUTED = frozenset({"embeddings", "tokenize", "detokenize"})
+_TOKENIZER_ROUTES = frozenset({"tokenize", "detokenize"})
 _FORWARDED_HEADERS = ("traceparent", "tracestate", "accept")
 MODEL_HEADER = "x-switchyard-model"  # the served model: the one asked for, or an alias's
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -66,6 +74,17 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     completions; no SLO admission (an embedding has no first token to wait for) and no
     prefix affinity (nothing of it stays cached)."""
     return await _handle(request, "embeddings")
+
+
+async def tokenize(request: web.Request) -> web.StreamResponse:
+    """vLLM's ``/tokenize``, passed to an engine serving the model (auth, the tenant's
+    allowed models and its request quota apply; no usage is charged)."""
+    return await _handle(request, "tokenize")
+
+
+async def detokenize(request: web.Request) -> web.StreamResponse:
+    """vLLM's ``/detokenize``, as ``tokenize``."""
+    return await _handle(request, "detokenize")
 
 
 async def _handle(request: web.Request, route: str) -> web.StreamResponse:
@@ -93,6 +112,8 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
         num_input_tokens = 0
         if route == "embeddings":
             parsed, num_input_tokens = parse_embeddings_body(raw)
+        elif route in _TOKENIZER_ROUTES:
+            parsed = parse_tokenizer_body(raw, route=route)
         else:
             parsed = parse_completion_body(raw, route=route)
         parsed_body = parsed.body
@@ -111,7 +132,7 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
                 "you may use.", code="model_not_allowed", param="model",
             )
         # The first model the prompt fits; a later one is checked when its turn comes.
-        if route == "embeddings":
+        if route in _LOAD_ROUTED:
             plan = _input_plan(candidates[0], num_input_tokens, principal)
         else:
             plan, candidates = _first_fitting(gw, route, parsed, principal, candidates)
@@ -129,7 +150,7 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
         try:
             first_error: APIError | None = None
             for index, served in enumerate(candidates):
-                if index and route == "embeddings":
+                if index and route in _LOAD_ROUTED:
                     plan = _input_plan(served, num_input_tokens, principal)
                 elif index:
                     plan = gw.router.describe(served, parsed.body, principal.tenant.id)
@@ -169,7 +190,7 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
         gw.metrics.observe_request(route, served_label, status, time.perf_counter() - started)
         trace.finish(status)
         if trace.backend is not None and status in (200, 499) and principal is not None \
-                and plan is not None and ticket is not None:
+                and plan is not None and ticket is not None and route not in _TOKENIZER_ROUTES:
             _charge(gw, principal, served or model, trace.tail, plan.request.num_prompt_tokens,
                     ticket.num_output_tokens)
         if gw.request_log.wants(status):
@@ -205,7 +226,7 @@ async def _serve_model(
 ) -> web.StreamResponse:
     """SLO admission, then forward to a backend of ``served`` and relay its answer."""
     trace = request[REQUEST_TRACE]
-    if route == "embeddings":  # nothing to admit: routed on load alone
+    if route in _LOAD_ROUTED:  # nothing to admit: routed on load alone
         return await _forward(request, gw, route, parsed, _for_model(parsed, raw, served),
                               plan, ticket, Admitted(principal.tenant.id), served)
     admitted: Admitted | None = None
@@ -383,7 +404,7 @@ async def _forward(
             on_ending = (None if ending_at is None
                          else functools.partial(_stream_ending, gw, opened.backend, plan))
             return await _relay_stream(request, gw, opened, ticket, served, ending_at, on_ending)
-        return await _relay_body(request, gw, opened, ticket, served)
+        return await _relay_body(request, gw, route, opened, ticket, served)
     finally:
         if upstream.status == 200:
             usage = reported_cache_usage(trace.tail)
@@ -445,7 +466,8 @@ def _stream_ending(gw: Gateway, backend: Backend, plan: RoutePlan) -> None:
 
 
 async def _relay_body(
-    request: web.Request, gw: Gateway, opened: Opened, ticket: QuotaTicket, served: str
+    request: web.Request, gw: Gateway, route: str, opened: Opened, ticket: QuotaTicket,
+    served: str,
 ) -> web.Response:
     upstream = opened.response
     body = opened.first_chunk  # the whole body (read by open()), unless a stream was answered
@@ -459,6 +481,12 @@ async def _relay_body(
             raise APIError.bad_gateway(
                 f"Upstream failed: backend {opened.backend.name!r} broke off its response."
             ) from None
+    if upstream.status in (404, 405) and route in _TOKENIZER_ROUTES \
+            and not _is_openai_error(body):
+        raise APIError.not_found(
+            f"The backend {opened.backend.name!r} serving {served!r} does not offer "
+            f"{_ROUTES[route]}; it is vLLM's (and SGLang's) endpoint, not every engine has it.",
+            code="unsupported_endpoint")
     if upstream.status >= 400 and not _is_openai_error(body):
         gw.metrics.upstream_errors.labels(opened.backend.name, f"http_{upstream.status}").inc()
         raise APIError.bad_gateway(

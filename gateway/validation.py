@@ -42,7 +42,8 @@ class CompletionRequest:
     body: dict[str, Any]
 
 
-_MAIN_FIELD = {"chat": "messages", "completions": "prompt", "embeddings": "input"}
+_MAIN_FIELD = {"chat": "messages", "completions": "prompt", "embeddings": "input",
+               "tokenize": "prompt", "detokenize": "tokens"}
 
 
 def _json_object(raw: bytes, route: str) -> dict[str, Any]:
@@ -74,6 +75,18 @@ def parse_embeddings_body(raw: bytes) -> tuple[CompletionRequest, int]:
         raise APIError.bad_request(exc.message, param=exc.param, code=exc.code) from None
     return (CompletionRequest(model=parsed.model, is_stream=False, body=body),
             parsed.num_estimated_tokens)
+
+
+def parse_tokenizer_body(raw: bytes, *, route: str) -> CompletionRequest:
+    """A ``/tokenize`` or ``/detokenize`` body: a JSON object naming its ``model`` (the
+    gateway routes on it); the rest is the engine's to check."""
+    body = _json_object(raw, route)
+    model = body.get("model")
+    if not isinstance(model, str) or not model or len(model) > 256:
+        raise APIError.bad_request(
+            "'model' must be a non-empty string of at most 256 characters: the gateway sends "
+            "the request to an engine serving it.", param="model")
+    return CompletionRequest(model=model, is_stream=False, body=body)
 
 
 def parse_completion_body(raw: bytes, *, route: str) -> CompletionRequest:

@@ -33,6 +33,7 @@ from backends.engine_http import (
     SSE_HEADERS,
     BadBody,
     add_openai_routes,
+    add_tokenizer_routes,
     check_embeddings,
     completion_body,
     error_response,
@@ -79,6 +80,9 @@ def create_app(worker: SimWorker, tokenizer: Tokenizer) -> web.Application:
     tracer(SERVICE_NAME)  # a bad OTEL_* setting fails at start, not on the first request
     add_openai_routes(app, _serve, models=_models, health=_health, metrics=_metrics,
                       embeddings=_serve_embeddings)
+    add_tokenizer_routes(app, lambda request: (
+        (request.app[WORKER].profile.model,), request.app[TOKENIZER],
+        request.app[WORKER].profile.max_context_tokens))
     app.router.add_get("/sim/profile", _profile)
     app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)
     return app

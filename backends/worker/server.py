@@ -35,6 +35,7 @@ from backends.engine_http import (
     SSE_HEADERS,
     BadBody,
     add_openai_routes,
+    add_tokenizer_routes,
     check_embeddings,
     completion_body,
     error_body,
@@ -101,6 +102,9 @@ def create_app(engine: AsyncEngine, *, model_name: str,
     app.on_shutdown.append(_on_shutdown)
     add_openai_routes(app, _serve, models=_models, health=_health, metrics=_metrics,
                       embeddings=_serve_embeddings)
+    add_tokenizer_routes(app, lambda request: (
+        (request.app[WORKER].model_name,), request.app[WORKER].engine.engine.tokenizer,
+        request.app[WORKER].max_context_tokens))
     app.router.add_get("/worker/profile", _profile)
     app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)
     return app

@@ -50,7 +50,8 @@ class GatewayMetrics:
         # Per request: plain numbers, read at scrape time (_per_request_families).
         self._request_counts: dict[tuple[str, str, int], int] = {}
         self._durations = {route: _Durations()
-                           for route in ("chat", "completions", "embeddings")}
+                           for route in ("chat", "completions", "embeddings", "tokenize",
+                                         "detokenize")}
         # (tenant, model, currency) -> [prompt, cached, output tokens, cost]
         self._charges: dict[tuple[str, str, str], list[float]] = {}
         self._routing_tokens = [0, 0]  # prompt tokens routed, of them expected cached

@@ -54,9 +54,10 @@ if TYPE_CHECKING:
     from gateway.router import RoutePlan
     from routing.types import Ranked
 
-_OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings"}
+_OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings",
+               "tokenize": "tokenize", "detokenize": "detokenize"}
 _ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
-           "embeddings": "/v1/embeddings"}
+           "embeddings": "/v1/embeddings", "tokenize": "/tokenize", "detokenize": "/detokenize"}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 # Shorter waits are counted but get no span: a cached key, an immediate admission, a pooled
 # connection take a few µs, and a span costs more than that to export.

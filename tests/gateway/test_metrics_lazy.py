@@ -29,10 +29,10 @@ def test_requests_and_durations_scrape_as_prometheus_client_records_them() -> No
                        registry=reference)
     durations = Histogram("switchyard_request_duration_seconds", "x", ["route"],
                           buckets=_LATENCY_BUCKETS_S, registry=reference)
-    for route in ("chat", "completions", "embeddings"):
+    for route in ("chat", "completions", "embeddings", "tokenize", "detokenize"):
         durations.labels(route)
     for _ in range(2_000):
-        route = rng.choice(["chat", "completions", "embeddings"])
+        route = rng.choice(["chat", "completions", "embeddings", "tokenize", "detokenize"])
         model = rng.choice(["m", None])
         status = rng.choice([200, 200, 429, 503])
         # values on the bucket bounds too: a bound belongs to its own bucket (le)

@@ -237,3 +237,16 @@ def test_embeddings_with_the_openai_sdk(fleet: SimFleet) -> None:
     assert len(short.data[0].embedding) == 4 and short.usage.prompt_tokens == 3
     response = httpx.post(fleet.urls[0] + "/v1/embeddings", json={"model": MODEL, "input": []})
     assert response.status_code == 400 and response.json()["error"]["param"] == "input"
+
+
+def test_tokenize_and_detokenize_like_vllm(fleet: SimFleet) -> None:
+    url = fleet.urls[0]
+    tokens = httpx.post(url + "/tokenize", json={"model": MODEL, "prompt": "Hello trains"}).json()
+    assert tokens["count"] == len(tokens["tokens"]) > 0 and tokens["max_model_len"] > 0
+    chat = httpx.post(url + "/tokenize", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Hello trains"}]}).json()
+    assert chat["count"] > tokens["count"]  # the template's turns and default system prompt
+    text = httpx.post(url + "/detokenize", json={"model": MODEL, "tokens": tokens["tokens"]})
+    assert text.json() == {"prompt": "Hello trains"}
+    refused = httpx.post(url + "/detokenize", json={"model": MODEL, "tokens": [-1]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tokens"

@@ -163,6 +163,14 @@ def test_embeddings_pool_the_models_hidden_states(server: ServerThread) -> None:
     assert chat.status_code == 200
 
 
+def test_tokenize_and_detokenize_with_the_models_tokenizer(server: ServerThread) -> None:
+    tokens = _post(server, "/tokenize", {"model": MODEL, "prompt": "hello"}).json()
+    assert tokens["count"] == len("hello") and tokens["max_model_len"] == MAX_CONTEXT
+    assert _post(server, "/detokenize", {"model": MODEL, "tokens": tokens["tokens"]}).json() \
+        == {"prompt": "hello"}
+    assert _post(server, "/tokenize", {"model": "other", "prompt": "x"}).status_code == 404
+
+
 def test_streams_frame_like_openai(server: ServerThread) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "stream me"}],
             "max_tokens": 6, "ignore_eos": True, "temperature": 0, "stream": True,
