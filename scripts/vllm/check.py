@@ -7,7 +7,8 @@ the vLLM servers' URLs) and checks, each wait bounded:
 2. a streamed chat completion with ``stream_options={"include_usage": True}``;
 3. the same long system prompt twice: the second answer has
    ``usage.prompt_tokens_details.cached_tokens > 0`` (vLLM's prefix cache, 128-token blocks);
-4. ``GET /admin/fleet``: each vLLM backend has ``load_source`` "metrics", ``block_size`` and
+4. ``/tokenize`` and ``/detokenize`` through the gateway: vLLM's own tokens, and the text back;
+5. ``GET /admin/fleet``: each vLLM backend has ``load_source`` "metrics", ``block_size`` and
    ``kv_capacity_tokens`` from "vllm:/metrics" and ``max_context_tokens`` from "/v1/models".
 
 ``--record DIR`` also saves what the first vLLM server itself answered (its trimmed ``/metrics``,
@@ -113,6 +114,25 @@ def check_cached_tokens(client: OpenAI, model: str) -> None:
           f"{backend} (first answer: {seen[0][2]} cached)")
 
 
+def check_tokenize(base_url: str, backend_url: str, key: str, model: str) -> None:
+    """``/tokenize`` through the gateway gives vLLM's own tokens; ``/detokenize`` gives the
+    text back."""
+    text = "Trains are fast."
+    through = httpx.post(f"{base_url}/tokenize", json={"model": model, "prompt": text},
+                         headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    check(through.status_code == 200, f"/tokenize through the gateway: {through.status_code} "
+          f"{through.text[:200]}")
+    direct = httpx.post(f"{backend_url}/tokenize", json={"model": model, "prompt": text},
+                        timeout=30).json()
+    tokens = through.json()["tokens"]
+    check(tokens == direct["tokens"], f"/tokenize: {tokens} through the gateway, "
+          f"{direct['tokens']} direct")
+    back = httpx.post(f"{base_url}/detokenize", json={"model": model, "tokens": tokens},
+                      headers={"Authorization": f"Bearer {key}"}, timeout=30).json()
+    check(back.get("prompt", "").strip() == text, f"/detokenize gave {back!r}")
+    print(f"ok  /tokenize and /detokenize through the gateway: {len(tokens)} tokens")
+
+
 def check_admin_fleet(base_url: str, admin_token: str, names: list[str]) -> None:
     """Poll /admin/fleet until every vLLM backend shows metrics-sourced load and a discovered
     profile; fail with what is still missing after FLEET_TIMEOUT_S."""
@@ -212,6 +232,8 @@ def main() -> int:
         ("chat", lambda: check_chat(client, model)),
         ("stream", lambda: check_stream(client, model)),
         ("cached", lambda: check_cached_tokens(client, model)),
+        ("tokenize", lambda: check_tokenize(base_url, state["backends"][0]["url"], state["key"],
+                                            model)),
         ("fleet", lambda: check_admin_fleet(base_url, state["admin_token"],
                                             [b["name"] for b in state["backends"]])),
     ]
