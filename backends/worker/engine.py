@@ -178,9 +178,10 @@ class LLMEngine:
         return seq
 
     def embed(self, prompts: SequenceOf[SequenceOf[int]]) -> list[list[float]]:
-        """One unit vector per prompt: the mean of the model's final (normed) hidden states
-        over its tokens, the pooling vLLM gives a decoder served for embeddings. One forward
-        pass per prompt with causal attention and no KV cache (nothing is cached or
+        """One unit vector per prompt: the model's final (normed) hidden state at its last
+        token, the pooling vLLM applies to a decoder served for embeddings (``--runner pooling
+        --convert embed``), so the same model gives the same vectors from either engine. One
+        forward pass per prompt with causal attention and no KV cache (nothing is cached or
         evicted); ValueError (with what to change) for a token id outside the vocabulary or a
         prompt longer than the model's context. Call it from the engine's thread."""
         vocab_size = self.model.config.vocab_size
@@ -201,7 +202,7 @@ class LLMEngine:
             for ids in prompts:
                 input_ids = torch.tensor([list(ids)], dtype=torch.long, device=device)
                 positions = torch.arange(len(ids), device=device)[None]
-                pooled = self.model(input_ids, positions)[0].float().mean(dim=0)
+                pooled = self.model(input_ids, positions)[0, -1].float()
                 vectors.append(torch.nn.functional.normalize(pooled, dim=0).tolist())
         return vectors
 

@@ -183,8 +183,8 @@ async def _serve(request: web.Request, is_chat: bool) -> web.StreamResponse:
 
 
 async def _serve_embeddings(request: web.Request) -> web.StreamResponse:
-    """The model's pooled hidden states (``LLMEngine.embed``), one vector of its hidden size
-    per input, computed between the engine's steps."""
+    """The model's last-token hidden states (``LLMEngine.embed``), one vector of its hidden
+    size per input, computed between the engine's steps."""
     worker = request.app[WORKER]
     engine = worker.engine
     try:
