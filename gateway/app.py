@@ -27,8 +27,7 @@ from admission.waiting_room import SloAdmission
 from backends.fleet.approx_sync import ApproxIndexSync
 from backends.fleet.breaker import BreakerConfig
 from backends.fleet.health import HealthChecker
-from backends.fleet.profiles import stated_facts
-from backends.fleet.registry import Backend, BackendRegistry
+from backends.fleet.registry import BackendRegistry
 from backends.fleet.sync import FleetSync
 from backends.fleet.upstream import UpstreamClient
 from gateway import admin, handlers, openapi, proxy
@@ -38,6 +37,7 @@ from gateway.observe.memory import HeapTrimmer
 from gateway.observe.metrics import GatewayMetrics, counter_family, gauge_family
 from gateway.observe.request_log import RequestLog
 from gateway.observe.telemetry import admin_waits, setup_telemetry
+from gateway.reload import admin_reload, backend_from_settings
 from gateway.router import Router
 from gateway.settings import RoutingSettings, Settings
 from gateway.state import open_state
@@ -127,6 +127,7 @@ def setup_routes(app: web.Application) -> None:
         ("GET", "/metrics", handlers.metrics),
         ("GET", "/openapi.json", openapi.serve_document),
         ("GET", "/admin/waits", admin_waits),
+        ("POST", "/admin/reload", admin_reload),
     ]
     routes += [(r.method, r.path, r.handler) for r in admin.routes
                if isinstance(r, web.RouteDef)]
@@ -170,16 +171,7 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
     and fleet sync: up before serving."""
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        backends = [
-            Backend(
-                name=b.name, url=b.url, models=frozenset(b.models), weight=b.weight,
-                health_path=b.health_path,
-                api_key=b.api_key.get_secret_value() if b.api_key else None,
-                stated_profile=stated_facts(b.profile.model_dump()),
-                discover_profile=b.discover_profile,
-            )
-            for b in settings.backends
-        ]
+        backends = [backend_from_settings(b) for b in settings.backends]
         registry = BackendRegistry(
             backends, breaker=BreakerConfig(**settings.upstream.breaker.model_dump()))
         state = open_state(settings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import redis.asyncio as aioredis
 from aiohttp import web
@@ -48,6 +49,8 @@ class Gateway:
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
+# The file the gateway was started from (`serve --config FILE`), which a reload reads again.
+CONFIG_PATH = web.AppKey("switchyard_config_path", Path)
 REQUEST_ID = web.RequestKey("switchyard_request_id", str)
 # Set when the client went away before its response was complete (counted as 499).
 CLIENT_LEFT = web.RequestKey("switchyard_client_left", bool)

@@ -33,7 +33,8 @@ _ERRORS: dict[str, str] = {
     "403": "The tenant may not do this: a model outside its allowlist, a disabled tenant, a "
            "tenant key on /admin, a tier above its own.",
     "404": "An unknown model, tenant or key.",
-    "409": "The tenant id is taken, or the imported key is already stored.",
+    "409": "The tenant id is taken, the imported key is already stored, or the gateway has no "
+           "configuration file to reload.",
     "413": "The body is larger than max_body_bytes.",
     "415": "A Content-Type other than JSON.",
     "417": "An 'Expect' header other than '100-continue'.",
@@ -194,6 +195,10 @@ def _paths() -> dict[str, Any]:
             "get": _admin_op("Get a key.", _json_ok(ref("ApiKey")), errors=("404",)),
             "delete": _admin_op("Revoke a key.", _json_ok(ref("ApiKey")), errors=("404",)),
         },
+        "/admin/reload": {"post": _admin_op(
+            "Read the configuration file again and apply what can change live; 400 (nothing "
+            "changed) for an invalid file, with each problem's file:line.",
+            _json_ok(ref("Reload")), errors=("409",))},
         "/admin/fleet": {"get": _admin_op("Every backend as routing sees it now.",
                                           _json_ok(ref("Fleet")))},
         "/admin/usage": {"get": _admin_op(

@@ -12,6 +12,7 @@ import logging
 import signal
 import socket
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import uvloop
@@ -22,10 +23,11 @@ from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
 
 from gateway.app import create_app, new_request_id
-from gateway.context import GATEWAY, Gateway
+from gateway.context import CONFIG_PATH, GATEWAY, Gateway
 from gateway.errors import error_body
 from gateway.observe.logs import RateLimitFilter
 from gateway.proxy import DrainDeadline
+from gateway.reload import reload_from_signal
 from gateway.settings import Settings
 from routing import native
 
@@ -132,8 +134,11 @@ class _JsonErrorServer(Server):
 
 
 async def run_until_signalled(settings: Settings, *, ready_line: bool = True,
-                              on_started: OnStarted | None = None) -> None:
+                              on_started: OnStarted | None = None,
+                              config_path: Path | None = None) -> None:
     app = create_app(settings)
+    if config_path is not None:
+        app[CONFIG_PATH] = config_path
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
@@ -160,6 +165,7 @@ async def run_until_signalled(settings: Settings, *, ready_line: bool = True,
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload_from_signal, app)
     try:
         if on_started is not None:
             await on_started(app, f"http://{url_host}:{port}")

@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, version
+from pathlib import Path
 
 from gateway.cli import admin_client, quickstart, up
 from gateway.cli import usage as usage_cli
@@ -94,7 +95,7 @@ def _main(argv: list[str]) -> int:
             return 2
         from gateway.server import serve
 
-        serve(settings)
+        serve(settings, config_path=Path(args.config) if args.config else None)
         return 0
     if args.command == "config":
         try:
