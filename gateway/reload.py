@@ -104,8 +104,10 @@ def reload_gateway(gw: Gateway, path: Path, environ: dict[str, str] | None = Non
             slo.tiers[config.name] = Tier.from_config(config)
         slo._ranked = sorted(slo.tiers.values(), key=lambda t: t.priority)
         result.applied.append("tiers")
+    if tier_problem is not None and new.default_tier not in {t.name for t in old.tiers}:
+        result.needs_restart.append("default_tier")  # a tier that comes with the restart
     for name in ("default_tier", "default_limits"):
-        if old_data[name] != new_data[name]:
+        if old_data[name] != new_data[name] and name not in result.needs_restart:
             result.applied.append(name)
     gw.settings = _merged(old, new, result.needs_restart)
     log.info("configuration reloaded from %s: applied %s%s", path,

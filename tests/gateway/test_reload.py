@@ -92,6 +92,25 @@ def test_an_invalid_file_changes_nothing_and_says_where(
     assert refused.status_code in (401, 403)
 
 
+def test_new_tiers_wait_for_a_restart_and_the_rest_applies(
+        fleet: tuple[Gateway, list[Engine]]) -> None:
+    gateway, _ = fleet
+    key = gateway.new_key()
+    config = _config(gateway)
+    config["tiers"] = [{"name": "gold", "priority": 0, "ttft_slo_ms": 300},
+                       {"name": "standard", "priority": 1, "ttft_slo_ms": 2000}]
+    config["default_tier"] = "gold"
+    config["aliases"] = [{"name": "chat", "targets": ["m1"]}]
+    _write(gateway, config)
+    answer = gateway.admin.post("/admin/reload")
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"reloaded": True, "applied": ["aliases"], "needs_restart": [
+        "tiers (their names or priorities)", "default_tier"]}
+    assert _chat(gateway, key, "chat").status_code == 200
+    created = gateway.create_tenant()
+    assert created["tier"] == "standard"  # the default tier it runs on, not the new file's
+
+
 def test_sighup_reloads(fleet: tuple[Gateway, list[Engine]]) -> None:
     gateway, _ = fleet
     key = gateway.new_key()
