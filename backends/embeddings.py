@@ -52,6 +52,12 @@ class EmbeddingsRequest:
     dimensions: int | None = None
 
     @property
+    def texts(self) -> list[str]:
+        """Each input as text: token ids written out, space-separated (what a hashed vector
+        is derived from)."""
+        return [" ".join(map(str, i)) if isinstance(i, tuple) else i for i in self.inputs]
+
+    @property
     def num_estimated_tokens(self) -> int:
         """Tokens the inputs hold: counted for token ids, about four characters each for text."""
         return sum(len(i) if isinstance(i, tuple) else max(1, len(i) // 4) for i in self.inputs)

@@ -40,6 +40,7 @@ from gateway.errors import APIError, error_body, unreadable_body
 from gateway.observe.request_log import request_record
 from gateway.observe.telemetry import REQUEST_TRACE, TELEMETRY
 from gateway.router import RoutePlan, reported_cache_usage, reported_usage
+from gateway.routes import ROUTE_PATHS
 from gateway.validation import (
     CompletionRequest,
     parse_completion_body,
@@ -50,8 +51,6 @@ from routing.types import RouteRequest
 
 log = logging.getLogger(__name__)
 
-_ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
-           "embeddings": "/v1/embeddings", "tokenize": "/tokenize", "detokenize": "/detokenize"}
 # Routed on load alone, without SLO admission: nothing waits for a first token.
 _LOAD_ROUTED = frozenset({"embeddings", "tokenize", "detokenize"})
 _TOKENIZER_ROUTES = frozenset({"tokenize", "detokenize"})
@@ -132,10 +131,8 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
                 "you may use.", code="model_not_allowed", param="model",
             )
         # The first model the prompt fits; a later one is checked when its turn comes.
-        if route in _LOAD_ROUTED:
-            plan = _input_plan(candidates[0], num_input_tokens, principal)
-        else:
-            plan, candidates = _first_fitting(gw, route, parsed, principal, candidates)
+        plan, candidates = _first_fitting(gw, route, parsed, num_input_tokens, principal,
+                                          candidates)
         served = candidates[0]
         tier = tier_for(gw.slo, principal, request.headers.get(TIER_HEADER),
                         hints_from(request.headers, parsed.body))
@@ -150,12 +147,11 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
         try:
             first_error: APIError | None = None
             for index, served in enumerate(candidates):
-                if index and route in _LOAD_ROUTED:
-                    plan = _input_plan(served, num_input_tokens, principal)
-                elif index:
-                    plan = gw.router.describe(served, parsed.body, principal.tenant.id)
-                    if gw.router.unservable(plan.request) is not None:
-                        continue
+                if index:
+                    fitting = _plan_for(gw, route, parsed, num_input_tokens, principal, served)
+                    if isinstance(fitting, str):
+                        continue  # the prompt does not fit this model
+                    plan = fitting
                 try:
                     response = await _serve_model(request, gw, route, parsed, raw, plan, ticket,
                                                   tier, principal, own_id, served)
@@ -203,17 +199,27 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
             gw.request_log.write(record)
 
 
-def _first_fitting(gw: Gateway, route: str, parsed: CompletionRequest, principal: Principal,
-                   candidates: tuple[str, ...]) -> tuple[RoutePlan, tuple[str, ...]]:
+def _plan_for(gw: Gateway, route: str, parsed: CompletionRequest, num_input_tokens: int,
+              principal: Principal, served: str) -> RoutePlan | str:
+    """The request's plan on model ``served``, or why its prompt can never fit there."""
+    if route in _LOAD_ROUTED:
+        return _input_plan(served, num_input_tokens, principal)
+    plan = gw.router.describe(served, parsed.body, principal.tenant.id)
+    why = gw.router.unservable(plan.request)
+    return plan if why is None else why
+
+
+def _first_fitting(gw: Gateway, route: str, parsed: CompletionRequest, num_input_tokens: int,
+                   principal: Principal, candidates: tuple[str, ...]
+                   ) -> tuple[RoutePlan, tuple[str, ...]]:
     """The plan for the first candidate model whose context the prompt fits, and the
     candidates from it on; the first one's 400 when it fits none."""
     first_why: str | None = None
     for index, served in enumerate(candidates):
-        plan = gw.router.describe(served, parsed.body, principal.tenant.id)
-        why = gw.router.unservable(plan.request)
-        if why is None:
-            return plan, candidates[index:]
-        first_why = first_why or why
+        fitting = _plan_for(gw, route, parsed, num_input_tokens, principal, served)
+        if not isinstance(fitting, str):
+            return fitting, candidates[index:]
+        first_why = first_why or fitting
     assert first_why is not None
     raise APIError.bad_request(first_why, param="messages" if route == "chat" else "prompt",
                                code="context_length_exceeded")
@@ -347,7 +353,7 @@ async def _forward(
         sent_s = time.perf_counter()
         try:
             opened = await gw.upstream.open(
-                backend, _ROUTES[route], raw, headers, is_stream=parsed.is_stream,
+                backend, ROUTE_PATHS[route], raw, headers, is_stream=parsed.is_stream,
                 timer=trace.waited,
             )
         except UpstreamFailure as exc:
@@ -485,7 +491,7 @@ async def _relay_body(
             and not _is_openai_error(body):
         raise APIError.not_found(
             f"The backend {opened.backend.name!r} serving {served!r} does not offer "
-            f"{_ROUTES[route]}; it is vLLM's (and SGLang's) endpoint, not every engine has it.",
+            f"{ROUTE_PATHS[route]}; it is vLLM's (and SGLang's) endpoint, not every engine has it.",
             code="unsupported_endpoint")
     if upstream.status >= 400 and not _is_openai_error(body):
         gw.metrics.upstream_errors.labels(opened.backend.name, f"http_{upstream.status}").inc()

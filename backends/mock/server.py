@@ -80,10 +80,9 @@ async def _serve_embeddings(request: web.Request) -> web.StreamResponse:
             parsed = check_embeddings(body, request.app[CONFIG_KEY].models, HASHED_DIMS)
         except BadBody as exc:
             return exc.response
-        texts = [" ".join(map(str, i)) if isinstance(i, tuple) else i for i in parsed.inputs]
         num_tokens = sum(len(i) if isinstance(i, tuple) else max(1, len(i.split()))
                          for i in parsed.inputs)
-        vectors = [hashed_embedding(text, HASHED_DIMS) for text in texts]
+        vectors = [hashed_embedding(text, HASHED_DIMS) for text in parsed.texts]
         return web.Response(body=embeddings_body(parsed, vectors, num_tokens),
                             content_type=JSON_CONTENT_TYPE)
     except asyncio.CancelledError:

@@ -136,14 +136,13 @@ async def _serve_embeddings(request: web.Request) -> web.StreamResponse:
                                   HASHED_DIMS)
     except BadBody as exc:
         return exc.response
-    texts = [" ".join(map(str, i)) if isinstance(i, tuple) else i for i in parsed.inputs]
     num_tokens = sum(len(i) if isinstance(i, tuple) else len(tokenizer.encode(i))
                      for i in parsed.inputs)
     profile = worker.profile
     await asyncio.sleep(profile.latency.step_time_s(
         num_prefill_tokens=num_tokens, num_decode_seqs=0, num_kv_tokens=num_tokens,
         speed_factor=profile.speed_factor))
-    vectors = [hashed_embedding(text, HASHED_DIMS) for text in texts]
+    vectors = [hashed_embedding(text, HASHED_DIMS) for text in parsed.texts]
     return json_response(embeddings_body(parsed, vectors, num_tokens))
 
 

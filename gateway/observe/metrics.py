@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from gateway.routes import ROUTE_PATHS
+
 _LATENCY_BUCKETS_S = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 )
@@ -49,9 +51,7 @@ class GatewayMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         # Per request: plain numbers, read at scrape time (_per_request_families).
         self._request_counts: dict[tuple[str, str, int], int] = {}
-        self._durations = {route: _Durations()
-                           for route in ("chat", "completions", "embeddings", "tokenize",
-                                         "detokenize")}
+        self._durations = {route: _Durations() for route in ROUTE_PATHS}
         # (tenant, model, currency) -> [prompt, cached, output tokens, cost]
         self._charges: dict[tuple[str, str, str], list[float]] = {}
         self._routing_tokens = [0, 0]  # prompt tokens routed, of them expected cached

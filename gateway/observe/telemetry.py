@@ -49,6 +49,7 @@ from gateway.errors import APIError
 from gateway.observe.tracing import Tracing, tracing_from_env
 from gateway.observe.wait_metrics import WaitMetrics
 from gateway.observe.waits import WAIT_TYPES, WaitsWindow
+from gateway.routes import ROUTE_PATHS
 
 if TYPE_CHECKING:
     from gateway.router import RoutePlan
@@ -56,8 +57,6 @@ if TYPE_CHECKING:
 
 _OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings",
                "tokenize": "tokenize", "detokenize": "detokenize"}
-_ROUTES = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
-           "embeddings": "/v1/embeddings", "tokenize": "/tokenize", "detokenize": "/detokenize"}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 # Shorter waits are counted but get no span: a cached key, an immediate admission, a pooled
 # connection take a few µs, and a span costs more than that to export.
@@ -259,7 +258,7 @@ class RequestTrace:
         self._attributes = {
             **dict(result.attributes or {}),
             "gen_ai.operation.name": _OPERATIONS[self.route],
-            "http.request.method": request.method, "http.route": _ROUTES[self.route],
+            "http.request.method": request.method, "http.route": ROUTE_PATHS[self.route],
             "server.address": host[0] or host[2], "switchyard.request_id": request[REQUEST_ID]}
         if host[0] and host[2].isdigit():
             self._attributes["server.port"] = int(host[2])
