@@ -2,14 +2,16 @@
 OpenAI server, as the gateway and the official SDK see it.
 
 The routes (``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/health``,
-``/metrics``), OpenAI's error body, the completion and stream-chunk shapes, SSE framing, and
-each request's OpenTelemetry SERVER span with engine_queue / prefill / decode children. An
-engine supplies its handlers; the wire format is written here once.
+``/metrics``; Anthropic's ``/v1/messages`` and OpenAI's ``/v1/responses``, served as chat by
+``backends.api_http``), OpenAI's error body, the completion and stream-chunk shapes, SSE
+framing, and each request's OpenTelemetry SERVER span with engine_queue / prefill / decode
+children. An engine supplies its handlers; the wire format is written here once.
 
 Example::
 
     app = web.Application(client_max_size=MAX_REQUEST_BODY_BYTES)
     add_openai_routes(app, serve, models=_models, health=_health, metrics=_metrics)
+    add_chat_api_routes(app, serve_api)  # /v1/messages, /v1/responses: see backends.api_http
     # in serve(request, is_chat): parse, run, then
     return web.Response(body=completion_body(parsed, new_completion_id(is_chat), text, usage,
                                              finish_reason="stop"),
@@ -23,7 +25,7 @@ import functools
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import orjson
 from aiohttp import web
@@ -57,6 +59,11 @@ DONE_EVENT = b"data: [DONE]\n\n"
 HEALTH_BODY = b'{"status":"ok"}'
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# The APIs an engine serves by rendering them to chat, by name (``backends.api_http``).
+ChatApiName = Literal["messages", "count_tokens", "responses"]
+CHAT_API_PATHS: dict[ChatApiName, str] = {"messages": "/v1/messages",
+                                          "count_tokens": "/v1/messages/count_tokens",
+                                          "responses": "/v1/responses"}
 
 
 class Completion(Protocol):
@@ -89,6 +96,22 @@ def add_openai_routes(app: web.Application,
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+
+
+def add_chat_api_routes(
+        app: web.Application,
+        serve_api: Callable[[web.Request, ChatApiName], Awaitable[web.StreamResponse]]) -> None:
+    """Anthropic's Messages API (``/v1/messages``, ``/v1/messages/count_tokens``) and OpenAI's
+    Responses API (``/v1/responses``); ``serve_api(request, name)`` serves each, rendered to
+    chat (``backends.api_http.read_api_call``)."""
+
+    def route(name: ChatApiName) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await serve_api(request, name)
+        return handle
+
+    for name, path in CHAT_API_PATHS.items():
+        app.router.add_post(path, route(name))
 
 
 TokenizerOf = Callable[[web.Request], tuple[tuple[str, ...], Tokenizer, int]]

@@ -31,6 +31,7 @@ from backends.fleet.registry import BackendRegistry
 from backends.fleet.sync import FleetSync
 from backends.fleet.upstream import UpstreamClient
 from gateway import admin, handlers, openapi, proxy
+from gateway.apis import ANTHROPIC
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, from_http_exception
 from gateway.observe.memory import HeapTrimmer
@@ -39,6 +40,7 @@ from gateway.observe.request_log import RequestLog
 from gateway.observe.telemetry import admin_waits, setup_telemetry
 from gateway.reload import admin_reload, backend_from_settings
 from gateway.router import Router
+from gateway.routes import ANTHROPIC_PATH_PREFIX
 from gateway.settings import RoutingSettings, Settings
 from gateway.state import open_state
 from gateway.usage import UsageBook
@@ -75,26 +77,35 @@ async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
         request[REQUEST_ID] = request_id
         response = await handler(request)
     except APIError as exc:
-        response = exc.to_response()
+        response = _error_response(request, exc)
     except web.HTTPException as exc:
         max_body = request.config_dict[GATEWAY].settings.max_body_bytes
-        response = from_http_exception(exc, request.path, max_body).to_response()
+        response = _error_response(request, from_http_exception(exc, request.path, max_body))
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except RedisError as exc:  # the admin API, or any path that needs Redis while it is away
         log.warning("Redis unreachable serving %s %s: %s", request.method, request.path, exc)
-        response = APIError.unavailable(
+        response = _error_response(request, APIError.unavailable(
             "The gateway's state store (Redis) is unreachable; retry shortly.", 2,
-            code="state_store_unavailable").to_response()
+            code="state_store_unavailable"))
     except Exception:
         log.exception("unhandled error serving %s %s", request.method, request.path)
-        response = APIError(
+        response = _error_response(request, APIError(
             500, "Internal gateway error; the request id identifies it in the gateway's log.",
             type="server_error", code="internal_error",
-        ).to_response()
+        ))
     if not response.prepared:
         response.headers["x-request-id"] = request_id
     return response
+
+
+def _error_response(request: web.Request, exc: APIError) -> web.Response:
+    """``exc`` in the shape of the API the path belongs to: Anthropic's under /v1/messages,
+    OpenAI's elsewhere."""
+    if not request.path.startswith(ANTHROPIC_PATH_PREFIX):
+        return exc.to_response()
+    return exc.to_response(ANTHROPIC.error_body(exc.status, exc.message, exc.type, exc.code,
+                                                exc.param))
 
 
 def with_front(handler: Handler) -> Handler:
@@ -117,6 +128,9 @@ def setup_routes(app: web.Application) -> None:
     routes: list[tuple[str, str, Handler]] = [
         ("POST", "/v1/chat/completions", proxy.chat_completions),
         ("POST", "/v1/completions", proxy.completions),
+        ("POST", "/v1/messages", proxy.messages),
+        ("POST", "/v1/messages/count_tokens", proxy.count_tokens),
+        ("POST", "/v1/responses", proxy.responses),
         ("POST", "/v1/embeddings", proxy.embeddings),
         ("POST", "/tokenize", proxy.tokenize),
         ("POST", "/detokenize", proxy.detokenize),
@@ -158,10 +172,10 @@ async def _expect(request: web.Request) -> web.StreamResponse | None:
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0  # the body's head has not started yet
         return None
-    response = APIError(
+    response = _error_response(request, APIError(
         417, f"Unsupported 'Expect: {expect[:64]}' header: the only expectation supported is "
         "'Expect: 100-continue'; drop the header or send that.", code="expectation_failed",
-    ).to_response()
+    ))
     response.headers["x-request-id"] = new_request_id()
     return response
 

@@ -32,6 +32,7 @@ import contextlib
 import hmac
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -47,7 +48,7 @@ V = TypeVar("V")
 
 _MALFORMED = (
     "Malformed API key. switchyard keys look like 'sy-<16 hex>-<43 characters>'; "
-    "send it as 'Authorization: Bearer <key>'."
+    "send it as 'Authorization: Bearer <key>' (or as 'x-api-key: <key>')."
 )
 _NO_SUCH_KEY = "Invalid API key: no such key. Check for a typo."
 _NO_SUCH_IMPORTED_KEY = (
@@ -97,8 +98,8 @@ class Authenticator:
     async def authenticate(self, authorization: str | None) -> Principal:
         if not authorization:
             raise APIError.unauthorized(
-                "Missing API key. Send 'Authorization: Bearer sy-...' with a key from "
-                "'switchyard keys create'.",
+                "Missing API key. Send 'Authorization: Bearer sy-...' (or Anthropic's "
+                "'x-api-key: sy-...') with a key from 'switchyard keys create'.",
                 code="missing_api_key",
             )
         scheme, _, presented = authorization.partition(" ")
@@ -213,6 +214,17 @@ class Authenticator:
                     await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, 2.0)
+
+
+def credentials(headers: Mapping[str, str]) -> str | None:
+    """The request's ``Authorization`` header, or, from Anthropic's clients, its
+    ``x-api-key`` as a bearer token."""
+    authorization = headers.get("Authorization")
+    if authorization is None:
+        key = headers.get("x-api-key")
+        if key is not None:
+            return "Bearer " + key
+    return authorization
 
 
 def _put_bounded(mapping: dict[str, V], key: str, value: V, max_entries: int) -> None:

@@ -44,10 +44,11 @@ class APIError(Exception):
     # Set when the request's body cannot be read to its end (the connection cannot be reused).
     closes_connection = False
 
-    def to_response(self) -> web.Response:
+    def to_response(self, body: bytes | None = None) -> web.Response:
+        """The error as a response: OpenAI's body, or ``body`` (another API's shape)."""
         response = web.Response(
             status=self.status,
-            body=self.body(),
+            body=self.body() if body is None else body,
             content_type=JSON_CONTENT_TYPE,
             headers=self.headers,
         )
@@ -106,7 +107,8 @@ def error_body(
 _HTTP_MESSAGES: dict[int, tuple[str, str]] = {
     400: ("The request could not be parsed as HTTP.", "invalid_request"),
     404: ("Unknown path. The gateway serves /v1/chat/completions, /v1/completions, "
-          "/v1/embeddings, /v1/models, /tokenize and /detokenize.", "unknown_url"),
+          "/v1/messages, /v1/messages/count_tokens, /v1/responses, /v1/embeddings, "
+          "/v1/models, /tokenize and /detokenize.", "unknown_url"),
     405: ("Method not allowed for this path.", "method_not_allowed"),
     413: ("Request body too large.", "request_too_large"),
     414: ("Request URI too long.", "uri_too_long"),

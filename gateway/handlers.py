@@ -10,6 +10,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
+from gateway.auth import credentials
 from gateway.context import GATEWAY
 from gateway.errors import APIError
 
@@ -18,7 +19,7 @@ _STARTED_AT = int(time.time())
 
 async def list_models(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    principal = await gw.auth.authenticate(request.headers.get("Authorization"))
+    principal = await gw.auth.authenticate(credentials(request.headers))
     names = dict.fromkeys([*gw.registry.models(), *gw.aliases.names])  # served, then aliases
     data = [
         {"id": model, "object": "model", "created": _STARTED_AT, "owned_by": "switchyard"}
@@ -30,7 +31,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def get_model(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    principal = await gw.auth.authenticate(request.headers.get("Authorization"))
+    principal = await gw.auth.authenticate(credentials(request.headers))
     model = request.match_info["model"]
     known = gw.registry.serves(model) or model in gw.aliases
     if not known or not principal.tenant.may_use(model):

@@ -23,7 +23,8 @@ from admission.tiers import TIER_HEADER
 from gateway.admin import USAGE_GROUPS
 from gateway.openapi_schemas import Schema, component_schemas, ref
 
-TENANT: list[dict[str, list[str]]] = [{"tenantKey": []}]
+# A tenant's key as a bearer token, or in Anthropic's x-api-key header.
+TENANT: list[dict[str, list[str]]] = [{"tenantKey": []}, {"tenantKeyHeader": []}]
 ADMIN: list[dict[str, list[str]]] = [{"adminToken": []}]
 
 _ERRORS: dict[str, str] = {
@@ -88,10 +89,13 @@ def _completion_op(summary: str, body: str, answer: str = "Completion",
                    description: str = "The engine's answer; with 'stream: true', SSE events "
                                       "ending in 'data: [DONE]' (a stream that breaks ends "
                                       "with a 'data: {\"error\": ...}' event).",
+                   *, streams: bool | None = None, is_anthropic: bool = False,
                    ) -> dict[str, Any]:
     content: dict[str, Any] = {"application/json": {"schema": ref(answer)}}
-    if answer == "Completion":
+    if answer == "Completion" if streams is None else streams:
         content["text/event-stream"] = {"schema": {"type": "string"}}
+    errors = (_anthropic_errors(*_COMPLETION_ERRORS) if is_anthropic
+              else _errors(*_COMPLETION_ERRORS))
     return {
         "summary": summary,
         "security": TENANT,
@@ -105,9 +109,21 @@ def _completion_op(summary: str, body: str, answer: str = "Completion",
                                        "or the target or fallback of the alias asked for.",
                         "schema": {"type": "string"}}},
                     "content": content},
-            **_errors(*_COMPLETION_ERRORS),
+            **errors,
         },
     }
+
+
+def _anthropic_errors(*statuses: str) -> dict[str, Any]:
+    """The errors of the /v1/messages paths: the same statuses, in Anthropic's shape."""
+    return {status: {"$ref": f"#/components/responses/Anthropic{_response_name(status)}"}
+            for status in statuses}
+
+
+def _anthropic_error_response(status: str) -> dict[str, Any]:
+    response = _error_response(status)
+    response["content"] = {"application/json": {"schema": ref("AnthropicError")}}
+    return response
 
 
 def _admin_op(summary: str, responses: dict[str, Any], *, body: str | None = None,
@@ -136,6 +152,21 @@ def _paths() -> dict[str, Any]:
                                                         "ChatCompletionRequest")},
         "/v1/completions": {"post": _completion_op("Create a text completion.",
                                                    "CompletionRequest")},
+        "/v1/messages": {"post": _completion_op(
+            "Anthropic's Messages API, passed to an engine that serves it.", "MessagesRequest",
+            "Message", "The engine's message; with 'stream: true', Anthropic's SSE events "
+            "ending in 'message_stop' (a stream that breaks ends with an 'error' event). "
+            "Errors are Anthropic's shape; 'x-api-key' is taken as well as a bearer key.",
+            streams=True, is_anthropic=True)},
+        "/v1/messages/count_tokens": {"post": _completion_op(
+            "Anthropic's token count, passed to an engine serving the model.",
+            "MessagesCountTokensRequest", "InputTokens", "The engine's count of the prompt; "
+            "404 'unsupported_endpoint' from an engine without it.", is_anthropic=True)},
+        "/v1/responses": {"post": _completion_op(
+            "OpenAI's Responses API, passed to an engine that serves it.", "ResponsesRequest",
+            "Response", "The engine's response; with 'stream: true', SSE events ending in "
+            "'response.completed' or 'response.incomplete' (a stream that breaks ends with an "
+            "'error' event).", streams=True)},
         "/v1/embeddings": {"post": _completion_op(
             "Create embeddings.", "EmbeddingsRequest", "EmbeddingList",
             "The engine's vectors, one per input, in order (base64 when asked).")},
@@ -241,7 +272,10 @@ def document() -> dict[str, Any]:
         "paths": _paths(),
         "components": {
             "schemas": component_schemas(),
-            "responses": {_response_name(s): _error_response(s) for s in _ERRORS},
+            "responses": {
+                **{_response_name(s): _error_response(s) for s in _ERRORS},
+                **{f"Anthropic{_response_name(s)}": _anthropic_error_response(s)
+                   for s in _COMPLETION_ERRORS}},
             "parameters": {
                 "RequestId": {"name": "x-request-id", "in": "header", "required": False,
                               "description": "Echoed on the response and sent upstream; "
@@ -259,6 +293,8 @@ def document() -> dict[str, Any]:
                 "tenantKey": {"type": "http", "scheme": "bearer",
                               "description": "A tenant's API key, 'sy-<16 hex>-<43 "
                                              "characters>' or one the operator imported."},
+                "tenantKeyHeader": {"type": "apiKey", "in": "header", "name": "x-api-key",
+                                    "description": "The same key in Anthropic's header."},
                 "adminToken": {"type": "http", "scheme": "bearer",
                                "description": "The gateway's admin_token."},
             },

@@ -14,6 +14,7 @@ from typing import Any
 
 from backends.embeddings import ENCODING_FORMATS, MAX_INPUTS
 from gateway.admin import KeyCreate, KeyImport, TenantCreate, TenantUpdate
+from gateway.openapi_chat_apis import chat_api_schemas
 from gateway.tenancy import MAX_WEIGHT, MIN_WEIGHT
 from gateway.validation import _NUMERIC_FIELDS, _ROLES, MAX_TOKEN_ID
 
@@ -286,6 +287,7 @@ def component_schemas() -> dict[str, Schema]:
     return {
         "Error": _error_schema(),
         **_completion_schemas(),
+        **chat_api_schemas(),
         **_admin_body_schemas(),
         **_admin_record_schemas(),
         "Reload": {"type": "object", "required": ["reloaded", "applied", "needs_restart"],

@@ -29,20 +29,21 @@ from gateway.admit import (
     QuotaTicket,
     admit_quota,
     finish_quota,
-    output_tokens_from,
     overloaded,
     renew_lease,
     tier_for,
 )
-from gateway.auth import Principal
+from gateway.apis import API_OF_ROUTE, OPENAI, Api
+from gateway.auth import Principal, credentials
 from gateway.context import CLIENT_LEFT, GATEWAY, REQUEST_ID, Gateway
-from gateway.errors import APIError, error_body, unreadable_body
+from gateway.errors import APIError, unreadable_body
 from gateway.observe.request_log import request_record
 from gateway.observe.telemetry import REQUEST_TRACE, TELEMETRY
-from gateway.router import RoutePlan, reported_cache_usage, reported_usage
+from gateway.router import RoutePlan
 from gateway.routes import ROUTE_PATHS
 from gateway.validation import (
     CompletionRequest,
+    parse_chat_api_body,
     parse_completion_body,
     parse_embeddings_body,
     parse_tokenizer_body,
@@ -52,8 +53,13 @@ from routing.types import RouteRequest
 log = logging.getLogger(__name__)
 
 # Routed on load alone, without SLO admission: nothing waits for a first token.
-_LOAD_ROUTED = frozenset({"embeddings", "tokenize", "detokenize"})
+_LOAD_ROUTED = frozenset({"embeddings", "tokenize", "detokenize", "count_tokens"})
+# Answered without generating: no usage is charged.
+_UNCHARGED_ROUTES = frozenset({"tokenize", "detokenize", "count_tokens"})
 _TOKENIZER_ROUTES = frozenset({"tokenize", "detokenize"})
+_CHAT_API_ROUTES = frozenset({"messages", "count_tokens", "responses"})
+# Every engine serves these; the others an engine may lack (a 404 says so).
+_CORE_ROUTES = frozenset({"chat", "completions"})
 _FORWARDED_HEADERS = ("traceparent", "tracestate", "accept")
 MODEL_HEADER = "x-switchyard-model"  # the served model: the one asked for, or an alias's
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
@@ -66,6 +72,25 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     return await _handle(request, "completions")
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    """Anthropic's Messages API, passed to an engine that serves it (vLLM, SGLang, ours),
+    with everything chat completions get; routed on its rendered system + messages, its
+    errors in Anthropic's shape."""
+    return await _handle(request, "messages")
+
+
+async def count_tokens(request: web.Request) -> web.StreamResponse:
+    """Anthropic's ``/v1/messages/count_tokens``, passed to an engine serving the model
+    (auth, allowed models and the request quota apply; no usage is charged)."""
+    return await _handle(request, "count_tokens")
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """OpenAI's Responses API, passed to an engine that serves it, as chat completions; routed
+    on its rendered instructions + input."""
+    return await _handle(request, "responses")
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
@@ -101,7 +126,7 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
     gw.num_in_flight += 1
     try:
         try:
-            principal = await gw.auth.authenticate(request.headers.get("Authorization"))
+            principal = await gw.auth.authenticate(credentials(request.headers))
         except APIError as exc:
             if exc.status in (401, 403):
                 gw.metrics.auth_failures.labels(exc.code or "unknown").inc()
@@ -113,9 +138,11 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
             parsed, num_input_tokens = parse_embeddings_body(raw)
         elif route in _TOKENIZER_ROUTES:
             parsed = parse_tokenizer_body(raw, route=route)
+        elif route in _CHAT_API_ROUTES:
+            parsed = parse_chat_api_body(raw, route=route)
         else:
             parsed = parse_completion_body(raw, route=route)
-        parsed_body = parsed.body
+        parsed_body = parsed.routing_body
         model = parsed.model
         candidates = gw.aliases.candidates(model) if gw.aliases else None
         if candidates is None:
@@ -186,9 +213,9 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
         gw.metrics.observe_request(route, served_label, status, time.perf_counter() - started)
         trace.finish(status)
         if trace.backend is not None and status in (200, 499) and principal is not None \
-                and plan is not None and ticket is not None and route not in _TOKENIZER_ROUTES:
-            _charge(gw, principal, served or model, trace.tail, plan.request.num_prompt_tokens,
-                    ticket.num_output_tokens)
+                and plan is not None and ticket is not None and route not in _UNCHARGED_ROUTES:
+            _charge(gw, API_OF_ROUTE[route], principal, served or model, trace.tail,
+                    plan.request.num_prompt_tokens, ticket.num_output_tokens)
         if gw.request_log.wants(status):
             record = request_record(
                 request[REQUEST_ID], trace, started, status, error, served_label,
@@ -204,7 +231,7 @@ def _plan_for(gw: Gateway, route: str, parsed: CompletionRequest, num_input_toke
     """The request's plan on model ``served``, or why its prompt can never fit there."""
     if route in _LOAD_ROUTED:
         return _input_plan(served, num_input_tokens, principal)
-    plan = gw.router.describe(served, parsed.body, principal.tenant.id)
+    plan = gw.router.describe(served, parsed.routing_body, principal.tenant.id)
     why = gw.router.unservable(plan.request)
     return plan if why is None else why
 
@@ -221,8 +248,11 @@ def _first_fitting(gw: Gateway, route: str, parsed: CompletionRequest, num_input
             return fitting, candidates[index:]
         first_why = first_why or fitting
     assert first_why is not None
-    raise APIError.bad_request(first_why, param="messages" if route == "chat" else "prompt",
+    raise APIError.bad_request(first_why, param=_PROMPT_PARAM.get(route, "prompt"),
                                code="context_length_exceeded")
+
+
+_PROMPT_PARAM = {"chat": "messages", "messages": "messages", "responses": "input"}
 
 
 async def _serve_model(
@@ -272,14 +302,14 @@ def _falls_back(exc: APIError) -> bool:
     return exc.status in (502, 503, 504) and exc.code != "gateway_shutting_down"
 
 
-def _charge(gw: Gateway, principal: Principal, model: str, tail: bytes,
+def _charge(gw: Gateway, api: Api, principal: Principal, model: str, tail: bytes,
             num_counted_prompt_tokens: int, num_output_tokens: int) -> None:
     """Book a request a backend answered: the engine's prompt and cached tokens when its
     usage said them, else the gateway's count (and none cached)."""
     usage = gw.usage
     if not usage.is_enabled:
         return
-    reported_prompt, reported_cached = reported_usage(tail) if tail else (None, None)
+    reported_prompt, reported_cached = api.reported_usage(tail) if tail else (None, None)
     prompt = num_counted_prompt_tokens if reported_prompt is None else reported_prompt
     cached = min(prompt, reported_cached or 0)
     tenant = principal.tenant.id
@@ -404,16 +434,18 @@ async def _forward(
         router.first_token(opened.backend, plan)
         gw.slo.observe_first_token(admitted, opened.backend.name, plan.snapshot,
                                    plan.pending_prefill_tokens, time.perf_counter() - sent_s)
+    api = API_OF_ROUTE[route]
     try:
         if is_sse:
-            ending_at = _ending_at_events(parsed, plan)
+            ending_at = _ending_at_events(parsed, plan, api)
             on_ending = (None if ending_at is None
                          else functools.partial(_stream_ending, gw, opened.backend, plan))
-            return await _relay_stream(request, gw, opened, ticket, served, ending_at, on_ending)
+            return await _relay_stream(request, gw, opened, ticket, served, ending_at, on_ending,
+                                       api)
         return await _relay_body(request, gw, route, opened, ticket, served)
     finally:
         if upstream.status == 200:
-            usage = reported_cache_usage(trace.tail)
+            usage = api.cache_usage(trace.tail)
             if usage is not None:
                 router.learn(opened.backend, plan, *usage)
         router.finished(opened.backend, plan, had_first_token=is_sse)
@@ -450,7 +482,8 @@ def _failed_on(gw: Gateway, backend: Backend, reason: str) -> None:
         gw.metrics.ejections.labels(backend.name).inc()
 
 
-def _ending_at_events(parsed: CompletionRequest, plan: RoutePlan) -> int | None:
+def _ending_at_events(parsed: CompletionRequest, plan: RoutePlan, api: Api = OPENAI
+                      ) -> int | None:
     """The SSE event count at which a stream has at most one token left, so that its slot
     can take the next request (``Router.nearly_done``); None when that is not known.
 
@@ -458,12 +491,13 @@ def _ending_at_events(parsed: CompletionRequest, plan: RoutePlan) -> int | None:
     ``max_tokens``-th event leaves one token to come. A completions stream has no role
     event, so that count comes with its last token, as it ends. An engine that puts several
     tokens in one event (speculative decoding) reaches the count later, never earlier; ``n``
-    choices interleave ``n`` streams, so only a single choice is counted."""
+    choices interleave ``n`` streams, so only a single choice is counted. Messages and
+    Responses streams send ``api.num_lead_events`` events before their first token."""
     max_tokens = plan.request.max_tokens
     num_choices = parsed.body.get("n")
     if max_tokens is None or max_tokens < 1 or num_choices not in (None, 1):
         return None
-    return max_tokens
+    return max_tokens if api.is_openai else max_tokens + api.num_lead_events - 1
 
 
 def _stream_ending(gw: Gateway, backend: Backend, plan: RoutePlan) -> None:
@@ -487,18 +521,21 @@ async def _relay_body(
             raise APIError.bad_gateway(
                 f"Upstream failed: backend {opened.backend.name!r} broke off its response."
             ) from None
-    if upstream.status in (404, 405) and route in _TOKENIZER_ROUTES \
-            and not _is_openai_error(body):
-        raise APIError.not_found(
-            f"The backend {opened.backend.name!r} serving {served!r} does not offer "
-            f"{ROUTE_PATHS[route]}; it is vLLM's (and SGLang's) endpoint, not every engine has it.",
-            code="unsupported_endpoint")
-    if upstream.status >= 400 and not _is_openai_error(body):
-        gw.metrics.upstream_errors.labels(opened.backend.name, f"http_{upstream.status}").inc()
-        raise APIError.bad_gateway(
-            f"Upstream failed: backend {opened.backend.name!r} answered HTTP {upstream.status} "
-            "without an OpenAI error body."
-        )
+    api = API_OF_ROUTE[route]
+    if upstream.status >= 400:
+        if not api.is_error_body(body):
+            if upstream.status in (404, 405) and route not in _CORE_ROUTES:
+                raise APIError.not_found(
+                    f"The backend {opened.backend.name!r} serving {served!r} does not offer "
+                    f"{ROUTE_PATHS[route]}; not every engine has it (vLLM and SGLang do).",
+                    code="unsupported_endpoint")
+            gw.metrics.upstream_errors.labels(opened.backend.name,
+                                              f"http_{upstream.status}").inc()
+            raise APIError.bad_gateway(
+                f"Upstream failed: backend {opened.backend.name!r} answered HTTP "
+                f"{upstream.status} without an error body."
+            )
+        body = api.client_error_body(upstream.status, body)
     response = web.Response(
         status=upstream.status,
         body=body,
@@ -509,7 +546,8 @@ async def _relay_body(
         response.headers["x-switchyard-backend"] = opened.backend.name
     if ticket.is_limited:
         response.headers.update(ticket.headers)
-    ticket.num_output_tokens = output_tokens_from(body[-512:], 0)
+    ticket.num_output_tokens = api.output_tokens(body[-512:] if api.is_openai else body[-4096:],
+                                                 0)
     request[REQUEST_TRACE].tail = body
     # Sent here, not by aiohttp after the handler returns: the bookkeeping of the handler's
     # finally blocks (routing's and admission's counts, quota, metrics, usage) then runs
@@ -527,6 +565,7 @@ async def _relay_body(
 async def _relay_stream(
     request: web.Request, gw: Gateway, opened: Opened, ticket: QuotaTicket, served: str,
     ending_at_events: int | None = None, on_ending: Callable[[], None] | None = None,
+    api: Api = OPENAI,
 ) -> web.StreamResponse:
     """Relay an SSE stream. After the first chunk (written with the response head), every
     chunk goes from the upstream connection's data callback straight to the client's socket
@@ -549,7 +588,8 @@ async def _relay_stream(
     deadline_s = loop.time() + settings.request_timeout_s
     idle_s = settings.idle_timeout_s
     splice = _Splice(loop, ticket, renew_every_s=gw.settings.admission.lease_ttl_s / 3,
-                     ending_at_events=ending_at_events, on_ending=on_ending)
+                     ending_at_events=ending_at_events, on_ending=on_ending,
+                     api=None if api.is_openai else api)
     gw.streams.add(upstream)
     try:
         # The head goes out with the first chunk (aiohttp holds it back until a write; an
@@ -585,17 +625,18 @@ async def _relay_stream(
     except TimeoutError:
         gw.metrics.upstream_errors.labels(opened.backend.name, "idle_timeout").inc()
         _failed_on(gw, opened.backend, "idle_timeout")
-        await _end_with_error(out, f"Upstream timeout: backend {opened.backend.name!r} stalled.")
+        await _end_with_error(out, api,
+                              f"Upstream timeout: backend {opened.backend.name!r} stalled.")
     except DrainDeadline:
         await _end_with_error(
-            out, "The gateway is shutting down and its drain time is over; the response is "
+            out, api, "The gateway is shutting down and its drain time is over; the response is "
             "incomplete: retry the request.", kind="service_unavailable",
             code="gateway_shutting_down")
     except UpstreamBroken as exc:
         gw.metrics.upstream_errors.labels(opened.backend.name, "broken_stream").inc()
         _failed_on(gw, opened.backend, "broken_stream")
         await _end_with_error(
-            out, f"Upstream failed: backend {opened.backend.name!r} broke off the stream "
+            out, api, f"Upstream failed: backend {opened.backend.name!r} broke off the stream "
             f"({exc}); the response is incomplete."
         )
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
@@ -603,19 +644,20 @@ async def _relay_stream(
         request[CLIENT_LEFT] = True
         return out
     else:
-        if b"data: [DONE]" in splice.previous[-64:] + splice.tail[-64:]:
+        if (b"data: [DONE]" in splice.previous[-64:] + splice.tail[-64:] if api.is_openai
+                else splice.saw_end):
             await out.write_eof()
-        else:  # a clean end without [DONE]: the engine stopped short
+        else:  # a clean end without its last event: the engine stopped short
             gw.metrics.upstream_errors.labels(opened.backend.name, "no_done").inc()
             _failed_on(gw, opened.backend, "no_done")
             await _end_with_error(
-                out, f"Upstream failed: backend {opened.backend.name!r} ended the stream "
-                "without 'data: [DONE]'; the response may be incomplete.")
+                out, api, f"Upstream failed: backend {opened.backend.name!r} ended the stream "
+                f"without {api.end_name}; the response may be incomplete.")
     finally:
         gw.streams.discard(upstream)
         gw.metrics.streamed_chunks.inc(splice.num_chunks)
         tail = splice.previous[-2048:] + splice.tail[-2048:]
-        ticket.num_output_tokens = output_tokens_from(tail, splice.num_events)
+        ticket.num_output_tokens = api.output_tokens(tail, splice.num_events)
         request[REQUEST_TRACE].streamed(tail, ticket.num_output_tokens)
     return out
 
@@ -627,14 +669,19 @@ class _Splice:
     connection's data callback, so it never raises: a client that has gone is only noted (its
     handler is being cancelled), and a full client buffer asks the upstream to pause."""
 
-    __slots__ = ("_ending_at_events", "_is_chunked", "_loop", "_next_renew_s", "_on_ending",
-                 "_renew_every_s", "_ticket", "_transport", "is_client_gone", "last_chunk_s",
-                 "num_chunks", "num_events", "previous", "tail")
+    __slots__ = ("_api", "_ending_at_events", "_is_chunked", "_loop", "_next_renew_s",
+                 "_on_ending", "_renew_every_s", "_ticket", "_transport", "is_client_gone",
+                 "last_chunk_s", "num_chunks", "num_events", "previous", "saw_end", "tail")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, ticket: QuotaTicket,
                  renew_every_s: float, ending_at_events: int | None = None,
-                 on_ending: Callable[[], None] | None = None) -> None:
+                 on_ending: Callable[[], None] | None = None, api: Api | None = None) -> None:
         self._loop = loop
+        # Messages and Responses streams: each chunk is looked at for the stream's last event
+        # (``saw_end``), which may be far from its end (response.completed holds the whole
+        # response). OpenAI streams end with [DONE], which the handler finds at the end.
+        self._api = api
+        self.saw_end = False
         # At this many events the stream has one token left: ``on_ending`` runs, once.
         self._ending_at_events = (ending_at_events if ending_at_events is not None
                                   and on_ending is not None else _NEVER)
@@ -658,6 +705,8 @@ class _Splice:
             return
         self.num_chunks += 1
         self.num_events += chunk.count(b"data: ")
+        if self._api is not None and not self.saw_end:
+            self.saw_end = self._api.is_stream_end(self.tail[-32:] + chunk)
         if self.num_events >= self._ending_at_events:
             self._ending_at_events = _NEVER
             if self._on_ending is not None:
@@ -685,24 +734,15 @@ _NEVER = 1 << 62  # an event count no stream reaches
 _CLIENT_HIGH_WATER_BYTES = 64 * 1024  # aiohttp's own drain limit for StreamResponse.write
 
 
-def _is_openai_error(body: bytes) -> bool:
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(data, dict) and isinstance(data.get("error"), dict)
-
-
 class DrainDeadline(Exception):
     """Handed to the streams still open when a drain's time is up (``gateway.server``)."""
 
 
-async def _end_with_error(out: web.StreamResponse, message: str, *,
+async def _end_with_error(out: web.StreamResponse, api: Api, message: str, *,
                           kind: str = "upstream_error", code: str = "upstream_failed") -> None:
-    """Tell a streaming client what went wrong, in an SSE event the OpenAI SDK raises on."""
+    """Tell a streaming client what went wrong, in an SSE event its SDK raises on."""
     try:
-        event = error_body(message, kind, code)
-        await out.write(b"data: " + event + b"\n\n")
+        await out.write(api.stream_error(message, kind, code))
         await out.write_eof()
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         pass

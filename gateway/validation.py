@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from backends.chat_apis import ApiRequestError, json_type, messages_to_chat, responses_to_chat
 from backends.embeddings import EmbeddingsError, parse_embeddings
 from gateway.errors import APIError
 
@@ -40,10 +41,18 @@ class CompletionRequest:
     model: str
     is_stream: bool
     body: dict[str, Any]
+    # A Messages or Responses body as the chat request it renders to: what routing reads
+    # (``body`` is what the engine gets).
+    chat_view: dict[str, Any] | None = None
+
+    @property
+    def routing_body(self) -> dict[str, Any]:
+        return self.body if self.chat_view is None else self.chat_view
 
 
 _MAIN_FIELD = {"chat": "messages", "completions": "prompt", "embeddings": "input",
-               "tokenize": "prompt", "detokenize": "tokens"}
+               "tokenize": "prompt", "detokenize": "tokens", "messages": "messages",
+               "count_tokens": "messages", "responses": "input"}
 
 
 def _json_object(raw: bytes, route: str) -> dict[str, Any]:
@@ -60,7 +69,7 @@ def _json_object(raw: bytes, route: str) -> dict[str, Any]:
         ) from None
     if not isinstance(body, dict):
         raise APIError.bad_request(
-            f"The request body must be a JSON object, not {_json_type(body)}.", code="invalid_json"
+            f"The request body must be a JSON object, not {json_type(body)}.", code="invalid_json"
         )
     return body
 
@@ -87,6 +96,21 @@ def parse_tokenizer_body(raw: bytes, *, route: str) -> CompletionRequest:
             "'model' must be a non-empty string of at most 256 characters: the gateway sends "
             "the request to an engine serving it.", param="model")
     return CompletionRequest(model=model, is_stream=False, body=body)
+
+
+def parse_chat_api_body(raw: bytes, *, route: str) -> CompletionRequest:
+    """Parse and check an Anthropic Messages (``route="messages"``, or ``"count_tokens"``)
+    or OpenAI Responses (``"responses"``) body, with the chat request it renders to."""
+    body = _json_object(raw, route)
+    try:
+        if route == "responses":
+            view = responses_to_chat(body)
+        else:
+            view = messages_to_chat(body, is_count=route == "count_tokens")
+    except ApiRequestError as exc:
+        raise APIError.bad_request(exc.message, param=exc.param, code=exc.code) from None
+    return CompletionRequest(model=view.model, is_stream=view.is_stream, body=body,
+                             chat_view=view.chat_body())
 
 
 def parse_completion_body(raw: bytes, *, route: str) -> CompletionRequest:
@@ -121,23 +145,9 @@ def parse_completion_body(raw: bytes, *, route: str) -> CompletionRequest:
     return CompletionRequest(model=model, is_stream=stream, body=body)
 
 
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
 def _type_error(param: str, expected: str, value: Any) -> APIError:
     return APIError.bad_request(
-        f"Invalid type for '{param}': expected {expected}, but got {_json_type(value)}.",
+        f"Invalid type for '{param}': expected {expected}, but got {json_type(value)}.",
         param=param,
         code="invalid_type",
     )

@@ -1,4 +1,5 @@
-"""The mock engine's aiohttp app: OpenAI completion endpoints plus health, metrics and test hooks.
+"""The mock engine's aiohttp app: OpenAI completion endpoints, Anthropic's Messages and
+OpenAI's Responses (answered as chat), plus health, metrics and test hooks.
 
 Run it with ``handler_cancellation=True`` (as `backends.mock.runner` does) so a
 client that goes away cancels its handler and is counted as cancelled.
@@ -8,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import orjson
 from aiohttp import web
 
+from backends.api_http import ApiCall, ApiCallRefused, api_call, api_error_response
 from backends.embeddings import HASHED_DIMS, embeddings_body, hashed_embedding
 from backends.engine_http import (
     DONE_EVENT,
@@ -20,6 +23,8 @@ from backends.engine_http import (
     MAX_REQUEST_BODY_BYTES,
     SSE_HEADERS,
     BadBody,
+    ChatApiName,
+    add_chat_api_routes,
     add_openai_routes,
     check_embeddings,
     json_response,
@@ -31,7 +36,7 @@ from backends.mock.config import MockEngineConfig
 from backends.mock.errors import RequestError
 from backends.mock.parse import CompletionRequest, parse_request
 from backends.mock.stats import METRICS_CONTENT_TYPE, MockStats, Outcome, render_metrics
-from backends.mock.wire import response_body, stream_plan
+from backends.mock.wire import api_body, api_stream_plan, response_body, stream_plan
 
 CONFIG_KEY = web.AppKey("mock_config", MockEngineConfig)
 STATS_KEY = web.AppKey("mock_stats", MockStats)
@@ -47,6 +52,7 @@ def create_app(config: MockEngineConfig) -> web.Application:
     app[MODELS_BODY_KEY] = _models_body(config.models, created_s=int(time.time()))
     add_openai_routes(app, _serve_completion, models=_models, health=_health, metrics=_metrics,
                       embeddings=_serve_embeddings)
+    add_chat_api_routes(app, _serve_api)
     app.router.add_get("/mock/stats", _mock_stats)
     app.router.add_post("/mock/reset", _mock_reset)
     return app
@@ -92,18 +98,42 @@ async def _serve_embeddings(request: web.Request) -> web.StreamResponse:
         stats.finish(outcome)
 
 
+async def _serve_api(request: web.Request, name: ChatApiName) -> web.StreamResponse:
+    """Anthropic's Messages (and its count_tokens) or OpenAI's Responses: the chat path's
+    generation and ``"mock"`` controls, in the API's wire (``backends.api_http``)."""
+    stats = request.app[STATS_KEY]
+    stats.start()
+    outcome: Outcome = "completed"
+    try:
+        response, outcome = await _complete(request, stats, is_chat=True, api=name)
+        return response
+    except asyncio.CancelledError:
+        outcome = "cancelled"
+        raise
+    finally:
+        stats.finish(outcome)
+
+
 async def _complete(
-    request: web.Request, stats: MockStats, *, is_chat: bool
+    request: web.Request, stats: MockStats, *, is_chat: bool, api: ChatApiName | None = None
 ) -> tuple[web.StreamResponse, Outcome]:
     stats.last_headers = request.headers
     stats.last_body = None
+    call: ApiCall | None = None
     try:
         stats.last_body = orjson.loads(await request.read())
-        req = parse_request(stats.last_body, is_chat=is_chat, config=request.app[CONFIG_KEY])
+        if api is None:
+            req = parse_request(stats.last_body, is_chat=is_chat, config=request.app[CONFIG_KEY])
+        else:
+            call = api_call(api, stats.last_body)
+            req = parse_request(_chat_body(call), is_chat=True, config=request.app[CONFIG_KEY])
     except orjson.JSONDecodeError as exc:
-        return _error_response(RequestError(400, f"The body is not valid JSON: {exc}")), "completed"
+        error = RequestError(400, f"The body is not valid JSON: {exc}")
+        return _error_response(error, api), "completed"
     except RequestError as exc:
-        return _error_response(exc), "completed"
+        return _error_response(exc, api), "completed"
+    except ApiCallRefused as exc:
+        return exc.response, "completed"
 
     controls = req.controls
     if controls.hang_ms > 0:
@@ -119,11 +149,13 @@ async def _complete(
         if controls.status is not None:
             message = f"Injected by the mock engine ('mock.status': {controls.status})."
             error = RequestError(controls.status, message, code="mock_injected")
-            return _error_response(error), "completed"
+            return _error_response(error, api), "completed"
+        if call is not None and call.is_count:
+            return call.count_response(req.num_prompt_tokens), "completed"
         if req.is_stream:
-            response, outcome = await _stream(request, req)
+            response, outcome = await _stream(request, req, call)
         else:
-            response, outcome = await _respond_whole(request, req)
+            response, outcome = await _respond_whole(request, req, call)
         if outcome == "completed":
             stats.record_success(req.model, req.finish_reason)
         return response, outcome
@@ -131,8 +163,16 @@ async def _complete(
         running[req.model] -= 1
 
 
+def _chat_body(call: ApiCall) -> dict[str, Any]:
+    """The chat request ``call`` renders to, with the client's ``"mock"`` controls."""
+    body = call.chat_body()
+    if "mock" in call.body:
+        body["mock"] = call.body["mock"]
+    return body
+
+
 async def _respond_whole(
-    request: web.Request, req: CompletionRequest
+    request: web.Request, req: CompletionRequest, call: ApiCall | None
 ) -> tuple[web.StreamResponse, Outcome]:
     controls = req.controls
     if controls.die_after_chunks is not None:
@@ -141,16 +181,18 @@ async def _respond_whole(
     delay_ms = controls.first_token_delay_ms + req.max_tokens * controls.token_delay_ms
     if delay_ms > 0:
         await asyncio.sleep(delay_ms / 1000)
-    body = response_body(req, new_completion_id(req.is_chat), int(time.time()))
+    body = (response_body(req, new_completion_id(req.is_chat), int(time.time())) if call is None
+            else api_body(req, call.wire()))
     return web.Response(body=body, content_type=JSON_CONTENT_TYPE), "completed"
 
 
 async def _stream(
-    request: web.Request, req: CompletionRequest
+    request: web.Request, req: CompletionRequest, call: ApiCall | None
 ) -> tuple[web.StreamResponse, Outcome]:
     die_after_chunks = req.controls.die_after_chunks
     response = web.StreamResponse(headers=SSE_HEADERS)
-    plan = stream_plan(req, new_completion_id(req.is_chat), int(time.time()))
+    plan = (stream_plan(req, new_completion_id(req.is_chat), int(time.time())) if call is None
+            else api_stream_plan(req, call.wire()))
     try:
         await response.prepare(request)
         for num_chunks_sent, (delay_s, event) in enumerate(plan):
@@ -163,7 +205,8 @@ async def _stream(
         if die_after_chunks is not None:
             _abort(request)
             return response, "aborted"
-        await response.write(DONE_EVENT)
+        if call is None:  # the Messages and Responses streams end with their plan's events
+            await response.write(DONE_EVENT)
     except ConnectionResetError:  # the client went away between two writes
         return response, "cancelled"
     return response, "completed"
@@ -175,7 +218,9 @@ def _abort(request: web.Request) -> None:
         request.transport.abort()
 
 
-def _error_response(error: RequestError) -> web.Response:
+def _error_response(error: RequestError, api: ChatApiName | None = None) -> web.Response:
+    if api is not None:
+        return api_error_response(api, error.status, error.message, error.param, error.code)
     body = orjson.dumps(error.body())
     return web.Response(status=error.status, body=body, content_type=JSON_CONTENT_TYPE)
 

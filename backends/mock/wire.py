@@ -1,4 +1,5 @@
-"""OpenAI wire format: response bodies and SSE events for a `CompletionRequest`.
+"""OpenAI wire format: response bodies and SSE events for a `CompletionRequest`; the same
+generation in the Messages or Responses wire (``backends.api_wire``).
 
 Pure: builds bytes, does no I/O. One output word is one token.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from backends.api_wire import ApiWire, Usage
 from backends.engine_http import completion_body, sse_event, stream_head, usage_body
 from backends.mock.parse import CompletionRequest
 
@@ -46,6 +48,28 @@ def stream_plan(
     yield 0, events.finish()
     for event in events.usage_tail():
         yield 0, event
+
+
+def api_usage(req: CompletionRequest) -> Usage:
+    return Usage(req.num_prompt_tokens, req.max_tokens)
+
+
+def api_body(req: CompletionRequest, wire: ApiWire) -> bytes:
+    """The whole non-streaming response in ``wire``'s API."""
+    return wire.body(completion_text(req), req.finish_reason, api_usage(req))
+
+
+def api_stream_plan(req: CompletionRequest, wire: ApiWire) -> Iterator[tuple[float, bytes]]:
+    """``(delay_s, event)`` pairs of a response streamed in ``wire``'s API, its end included.
+
+    Paced as chat's `stream_plan`: the events before the first token stand in for chat's
+    role chunk, after the first-token delay.
+    """
+    token_delay_s = req.controls.token_delay_ms / 1000
+    yield req.controls.first_token_delay_ms / 1000, wire.start(Usage(req.num_prompt_tokens, 1))
+    for index in range(req.max_tokens):
+        yield (token_delay_s if index else 0), wire.delta(req.token(index))
+    yield 0, wire.finish(req.finish_reason, api_usage(req))
 
 
 class StreamEvents:

@@ -1,9 +1,11 @@
 """The HTTP surface of one simulated worker: the endpoints of a vLLM OpenAI server.
 
 ``/v1/chat/completions`` and ``/v1/completions`` (stream and not, ``usage`` with
-``prompt_tokens_details.cached_tokens``), ``/v1/models``, ``/health``, and ``/metrics`` with
-vLLM's metric names. Serve it with ``handler_cancellation=True`` so a client that goes away
-aborts its sequence and frees its KV at once.
+``prompt_tokens_details.cached_tokens``), Anthropic's ``/v1/messages`` and OpenAI's
+``/v1/responses`` (the same generation as chat, ``backends.api_http``), ``/v1/models``,
+``/health``, and ``/metrics`` with vLLM's metric names. Serve it with
+``handler_cancellation=True`` so a client that goes away aborts its sequence and frees its KV
+at once.
 
 With tracing on (the standard ``OTEL_*`` variables, as for the gateway), each request adds a
 SERVER span to the trace named by its ``traceparent``, with engine_queue, prefill and decode
@@ -13,12 +15,15 @@ spans timed by the worker's own clock.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from backends.api_http import ApiCallRefused, TextDelta, read_api_call, stream_api, usage_of
 from backends.embeddings import HASHED_DIMS, embeddings_body, hashed_embedding
 from backends.engine_core.request import (
     EngineRequest,
@@ -32,6 +37,8 @@ from backends.engine_http import (
     METRICS_CONTENT_TYPE,
     SSE_HEADERS,
     BadBody,
+    ChatApiName,
+    add_chat_api_routes,
     add_openai_routes,
     add_tokenizer_routes,
     check_embeddings,
@@ -80,6 +87,7 @@ def create_app(worker: SimWorker, tokenizer: Tokenizer) -> web.Application:
     tracer(SERVICE_NAME)  # a bad OTEL_* setting fails at start, not on the first request
     add_openai_routes(app, _serve, models=_models, health=_health, metrics=_metrics,
                       embeddings=_serve_embeddings)
+    add_chat_api_routes(app, _serve_api)
     add_tokenizer_routes(app, lambda request: (
         (request.app[WORKER].profile.model,), request.app[TOKENIZER],
         request.app[WORKER].profile.max_context_tokens))
@@ -89,32 +97,76 @@ def create_app(worker: SimWorker, tokenizer: Tokenizer) -> web.Application:
 
 
 async def _serve(request: web.Request, is_chat: bool) -> web.StreamResponse:
-    worker = request.app[WORKER]
     started_ns = time.time_ns()
     try:
         body = await read_json(request)
     except BadBody as exc:
         return exc.response
     try:
-        parsed = parse_engine_request(
-            body, is_chat=is_chat, models=(worker.profile.model,),
-            tokenizer=request.app[TOKENIZER],
-            max_context_tokens=worker.profile.max_context_tokens,
-            default_max_tokens=DEFAULT_MAX_TOKENS,
-        )
+        parsed = _parse(request, body, is_chat=is_chat)
     except EngineRequestError as exc:
         return error_response(exc.status, exc.message, exc.param, exc.code)
-    seq_id = sequence_id(request)
-    try:
-        handle = worker.submit(seq_id, parsed.prompt_ids, parsed.max_tokens, parsed.cache_salt)
-    except ValueError as exc:
-        return error_response(400, str(exc), "messages" if is_chat else "prompt")
     completion_id = new_completion_id(is_chat)
-    try:
+
+    async def respond(handle: RequestHandle) -> web.StreamResponse:
         if parsed.is_stream:
             return await _stream(request, parsed, handle, completion_id)
         await handle.wait_finished()
         return json_response(_full_body(parsed, handle, completion_id))
+
+    return await _run(request, parsed, started_ns, respond, error_response)
+
+
+async def _serve_api(request: web.Request, name: ChatApiName) -> web.StreamResponse:
+    """Anthropic's Messages (and its count_tokens) or OpenAI's Responses, generated as the
+    same conversation sent to chat (``backends.api_http``)."""
+    started_ns = time.time_ns()
+    try:
+        call = await read_api_call(request, name)
+    except ApiCallRefused as exc:
+        return exc.response
+    try:
+        parsed = _parse(request, call.chat_body(), is_chat=True)
+    except EngineRequestError as exc:
+        return call.error(exc.status, exc.message, exc.param, exc.code)
+    if call.is_count:
+        return call.count_response(len(parsed.prompt_ids))
+    wire = call.wire()
+
+    async def respond(handle: RequestHandle) -> web.StreamResponse:
+        if parsed.is_stream:
+            return await stream_api(request, wire, functools.partial(_text_deltas, handle),
+                                    functools.partial(usage_of, handle))
+        await handle.wait_finished()
+        return json_response(wire.body(_output_text(handle), handle.finish_reason,
+                                       usage_of(handle)))
+
+    return await _run(request, parsed, started_ns, respond, call.error)
+
+
+def _parse(request: web.Request, body: Any, *, is_chat: bool) -> EngineRequest:
+    worker = request.app[WORKER]
+    return parse_engine_request(
+        body, is_chat=is_chat, models=(worker.profile.model,),
+        tokenizer=request.app[TOKENIZER],
+        max_context_tokens=worker.profile.max_context_tokens,
+        default_max_tokens=DEFAULT_MAX_TOKENS,
+    )
+
+
+async def _run(request: web.Request, parsed: EngineRequest, started_ns: int,
+               respond: Callable[[RequestHandle], Awaitable[web.StreamResponse]],
+               error: Callable[[int, str, str | None], web.Response]) -> web.StreamResponse:
+    """Submit ``parsed`` to the worker and ``respond`` as its tokens come; ``error`` writes a
+    refusal in the request's API."""
+    worker = request.app[WORKER]
+    seq_id = sequence_id(request)
+    try:
+        handle = worker.submit(seq_id, parsed.prompt_ids, parsed.max_tokens, parsed.cache_salt)
+    except ValueError as exc:
+        return error(400, str(exc), "messages" if parsed.is_chat else "prompt")
+    try:
+        return await respond(handle)
     finally:
         worker.abort(seq_id)  # no-op once finished; frees KV when the client went away
         if (spans := tracer(SERVICE_NAME)) is not None:
@@ -151,10 +203,18 @@ def _usage(parsed: EngineRequest, handle: RequestHandle) -> dict[str, Any]:
                       handle.num_cached_tokens)
 
 
+def _output_text(handle: RequestHandle) -> str:
+    return "".join(output_text(i) for i in range(handle.num_output_tokens))
+
+
 def _full_body(parsed: EngineRequest, handle: RequestHandle, completion_id: str) -> bytes:
-    text = "".join(output_text(i) for i in range(handle.num_output_tokens))
-    return completion_body(parsed, completion_id, text, _usage(parsed, handle),
+    return completion_body(parsed, completion_id, _output_text(handle), _usage(parsed, handle),
                            finish_reason=handle.finish_reason)
+
+
+async def _text_deltas(handle: RequestHandle) -> list[TextDelta]:
+    return [TextDelta(output_text(token.num_output_tokens - 1), token.finish_reason)
+            for token in await handle.next_events()]
 
 
 async def _stream(request: web.Request, parsed: EngineRequest, handle: RequestHandle,

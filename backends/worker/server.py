@@ -1,10 +1,12 @@
 """The HTTP surface of the PyTorch worker: the endpoints of a vLLM OpenAI server.
 
 ``/v1/chat/completions`` and ``/v1/completions`` (stream and not, ``usage`` with
-``prompt_tokens_details.cached_tokens``), ``/v1/models``, ``/health``, ``/metrics`` with vLLM's
-names (`backends.worker.metrics`), ``/worker/profile`` and ``POST /reset_prefix_cache``. The
-wire format is every engine's (`backends.engine_http`): the same errors, SSE framing and
-tracing spans (engine_queue, prefill, decode under the caller's ``traceparent``).
+``prompt_tokens_details.cached_tokens``), Anthropic's ``/v1/messages`` and OpenAI's
+``/v1/responses`` (the same generation as chat, ``backends.api_http``), ``/v1/models``,
+``/health``, ``/metrics`` with vLLM's names (`backends.worker.metrics`), ``/worker/profile``
+and ``POST /reset_prefix_cache``. The wire format is every engine's (`backends.engine_http`):
+the same errors, SSE framing and tracing spans (engine_queue, prefill, decode under the
+caller's ``traceparent``).
 
 Requests beyond the batch queue in the engine. Serve with ``handler_cancellation=True``
 (`start_server` does): a client that goes away cancels its handler, which aborts the sequence
@@ -20,13 +22,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from backends.api_http import (
+    ApiCallRefused,
+    TextDelta,
+    engine_failure_message,
+    read_api_call,
+    stream_api,
+    usage_of,
+)
 from backends.embeddings import embeddings_body
 from backends.engine_http import (
     DONE_EVENT,
@@ -34,6 +45,8 @@ from backends.engine_http import (
     MAX_REQUEST_BODY_BYTES,
     SSE_HEADERS,
     BadBody,
+    ChatApiName,
+    add_chat_api_routes,
     add_openai_routes,
     add_tokenizer_routes,
     check_embeddings,
@@ -102,6 +115,7 @@ def create_app(engine: AsyncEngine, *, model_name: str,
     app.on_shutdown.append(_on_shutdown)
     add_openai_routes(app, _serve, models=_models, health=_health, metrics=_metrics,
                       embeddings=_serve_embeddings)
+    add_chat_api_routes(app, _serve_api)
     add_tokenizer_routes(app, lambda request: (
         (request.app[WORKER].model_name,), request.app[WORKER].engine.engine.tokenizer,
         request.app[WORKER].max_context_tokens))
@@ -144,34 +158,79 @@ async def _on_shutdown(app: web.Application) -> None:
 
 
 async def _serve(request: web.Request, is_chat: bool) -> web.StreamResponse:
-    worker = request.app[WORKER]
-    engine = worker.engine
     started_ns = time.time_ns()
     try:
         body = await read_json(request)
     except BadBody as exc:
         return exc.response
     try:
-        parsed = parse_request(body, is_chat=is_chat, models=(worker.model_name,),
-                               tokenizer=engine.engine.tokenizer,
-                               max_context_tokens=worker.max_context_tokens)
+        parsed = _parse(request, body, is_chat=is_chat)
     except RequestError as exc:
         return error_response(exc.status, exc.message, exc.param, exc.code)
-    seq_id = sequence_id(request)
-    try:
-        handle = engine.submit(seq_id, parsed.prompt_ids, parsed.sampling, parsed.cache_salt)
-    except ValueError as exc:
-        return error_response(400, f"{exc}.", "messages" if is_chat else "prompt")
     completion_id = new_completion_id(is_chat)
-    try:
+
+    async def respond(handle: RequestHandle) -> web.StreamResponse:
         if parsed.is_stream:
             return await _stream(request, parsed, handle, completion_id)
         try:
             _, text = await handle.wait_finished()
         except Exception as exc:
-            return error_response(500, f"The engine failed while generating ({exc}); retry "
-                                  "the request.")
+            return error_response(500, engine_failure_message(exc))
         return json_response(_full_body(parsed, handle, text, completion_id))
+
+    return await _run(request, parsed, started_ns, respond, error_response)
+
+
+async def _serve_api(request: web.Request, name: ChatApiName) -> web.StreamResponse:
+    """Anthropic's Messages (and its count_tokens) or OpenAI's Responses, generated as the
+    same conversation sent to chat (``backends.api_http``)."""
+    started_ns = time.time_ns()
+    try:
+        call = await read_api_call(request, name)
+    except ApiCallRefused as exc:
+        return exc.response
+    try:
+        parsed = _parse(request, call.chat_body(), is_chat=True)
+    except RequestError as exc:
+        return call.error(exc.status, exc.message, exc.param, exc.code)
+    if call.is_count:
+        return call.count_response(len(parsed.prompt_ids))
+    wire = call.wire()
+
+    async def respond(handle: RequestHandle) -> web.StreamResponse:
+        if parsed.is_stream:
+            return await stream_api(request, wire, functools.partial(_text_deltas, handle),
+                                    functools.partial(usage_of, handle))
+        try:
+            _, text = await handle.wait_finished()
+        except Exception as exc:
+            return call.error(500, engine_failure_message(exc))
+        return json_response(wire.body(text, handle.finish_reason, usage_of(handle)))
+
+    return await _run(request, parsed, started_ns, respond, call.error)
+
+
+def _parse(request: web.Request, body: Any, *, is_chat: bool) -> WorkerRequest:
+    worker = request.app[WORKER]
+    return parse_request(body, is_chat=is_chat, models=(worker.model_name,),
+                         tokenizer=worker.engine.engine.tokenizer,
+                         max_context_tokens=worker.max_context_tokens)
+
+
+async def _run(request: web.Request, parsed: WorkerRequest, started_ns: int,
+               respond: Callable[[RequestHandle], Awaitable[web.StreamResponse]],
+               error: Callable[[int, str, str | None], web.Response]) -> web.StreamResponse:
+    """Submit ``parsed`` to the engine and ``respond`` as its outputs come; ``error`` writes a
+    refusal in the request's API."""
+    worker = request.app[WORKER]
+    engine = worker.engine
+    seq_id = sequence_id(request)
+    try:
+        handle = engine.submit(seq_id, parsed.prompt_ids, parsed.sampling, parsed.cache_salt)
+    except ValueError as exc:
+        return error(400, f"{exc}.", "messages" if parsed.is_chat else "prompt")
+    try:
+        return await respond(handle)
     finally:
         engine.abort(seq_id)  # no-op once finished; frees the KV when the client went away
         worker.metrics.observe(handle.phases())
@@ -206,6 +265,11 @@ def _usage(handle: RequestHandle) -> dict[str, Any]:
                       handle.num_cached_tokens)
 
 
+async def _text_deltas(handle: RequestHandle) -> list[TextDelta]:
+    return [TextDelta(output.text_delta, output.finish_reason)
+            for output in await handle.next_outputs()]
+
+
 def _full_body(parsed: WorkerRequest, handle: RequestHandle, text: str,
                completion_id: str) -> bytes:
     return completion_body(parsed, completion_id, text, _usage(handle),
@@ -230,8 +294,7 @@ async def _stream(request: web.Request, parsed: WorkerRequest, handle: RequestHa
         try:
             outputs = await handle.next_outputs()
         except Exception as exc:
-            error = error_body(500, f"The engine failed while generating ({exc}); retry the "
-                               "request.")
+            error = error_body(500, engine_failure_message(exc))
             await out.write(sse_event(error) + DONE_EVENT)
             break
         for output in outputs:

@@ -97,15 +97,18 @@ class LoadResult:
         }
 
 
+APIS = ("chat", "messages", "responses")  # /v1/chat/completions, /v1/messages, /v1/responses
+
+
 def chat_body(model: str, max_tokens: int, *, is_stream: bool = False,
-              token_delay_ms: float | None = None) -> bytes:
-    """A chat request; ``token_delay_ms`` paces the mock engine (its per-request control)."""
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": max_tokens,
-        "stream": is_stream,
-    }
+              token_delay_ms: float | None = None, api: str = "chat") -> bytes:
+    """A chat request (``api``: the same prompt as an Anthropic Messages or an OpenAI
+    Responses request); ``token_delay_ms`` paces the mock engine (its per-request control)."""
+    body: dict[str, Any] = {"model": model, "stream": is_stream}
+    if api == "responses":
+        body |= {"input": PROMPT, "max_output_tokens": max_tokens}
+    else:
+        body |= {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens}
     if token_delay_ms is not None:
         body["mock"] = {"token_delay_ms": token_delay_ms}
     return orjson.dumps(body)
@@ -230,7 +233,9 @@ def _parse_watch(items: list[str]) -> dict[str, int]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.common.loadgen", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", required=True, help="the chat completions URL")
+    parser.add_argument("--url", required=True, help="the chat completions URL (or the "
+                        "Messages or Responses one, with --api)")
+    parser.add_argument("--api", choices=APIS, default="chat", help="the body's API")
     parser.add_argument("--key", help="API key sent as 'Authorization: Bearer KEY'")
     parser.add_argument("--model", default="switchyard-mock")
     parser.add_argument("--max-tokens", type=int, default=16)
@@ -254,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     spec = LoadSpec(
         url=args.url, body=chat_body(args.model, args.max_tokens, is_stream=args.stream,
-                                     token_delay_ms=args.token_delay_ms),
+                                     token_delay_ms=args.token_delay_ms, api=args.api),
         headers=json_headers(args.key), mode=args.mode, concurrency=args.concurrency,
         num_requests=args.requests, duration_s=args.duration, rate_per_s=args.rate,
         arrivals=args.arrivals, is_stream=args.stream, num_warmup=args.warmup, seed=args.seed,

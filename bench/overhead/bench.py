@@ -5,7 +5,8 @@ In one run it starts a private redis-server, a zero-delay mock engine, two gatew
 (`bench.overhead.bare_proxy`, the floor for a Python proxy), creates a tenant with limits and a
 key through the admin API, then drives the same load at the engine directly, through the bare
 proxy and through the gateway (with auth; the 64-backend one under the non-streaming and paced
-loads), ``--runs`` times, and reports medians::
+loads; under those two loads also as Anthropic Messages and OpenAI Responses requests, whose
+CPU per request is set against chat's), ``--runs`` times, and reports medians::
 
     python -m bench.overhead            # the full benchmark (about 3 minutes)
     python -m bench.overhead --quick    # a smoke run (well under 20 s)
@@ -114,6 +115,10 @@ def phases(plan: Plan, mode: str = "third-party") -> list[Phase]:
 
 # Phases also run through the gateway with BACKEND_COUNTS[1] backends ("gateway64").
 LARGE_FLEET_PHASES = ("nonstream", "paced_stream")
+# Phases also run through the gateway as Anthropic Messages and OpenAI Responses requests
+# ("gateway_messages", "gateway_responses"): the same prompt and output as the chat ones.
+API_PHASES = ("nonstream", "paced_stream")
+API_PATHS = {"messages": "/v1/messages", "responses": "/v1/responses"}
 
 
 def endpoints(fleet: BenchFleet, phase: str = "") -> dict[str, tuple[str, dict[str, int]]]:
@@ -168,6 +173,12 @@ def measure_phase(fleet: BenchFleet, phase: Phase) -> Figures:
             writes = fleet.streamed_chunks() - writes_before
             figures[f"{phase.name}.gateway.writes_per_stream"] = writes / (
                 result["num_ok"] + phase.num_warmup)
+    if phase.name in API_PHASES:
+        url, watch = endpoints(fleet)["gateway"]
+        for api, path in API_PATHS.items():
+            result = _loadgen(fleet, url + path, watch, *phase.args, "--api", api)
+            for key, value in result_figures(result).items():
+                figures[f"{phase.name}.gateway_{api}.{key}"] = value
     return figures
 
 
@@ -189,6 +200,11 @@ def derived(figures: Figures) -> Figures:
             out[f"{phase}.gateway_interpreted.cpu_to_floor_ratio"] = (
                 figures[f"{phase}.gateway_interpreted.proxy_cpu_us_per_{unit}"]
                 / figures[f"{phase}.floor.proxy_cpu_us_per_{unit}"])
+        for api in API_PATHS:  # per request: a Messages stream has more events than chat's
+            if f"{phase}.gateway_{api}.proxy_cpu_us_per_request" in figures:
+                out[f"{phase}.gateway_{api}.cpu_to_chat_ratio"] = (
+                    figures[f"{phase}.gateway_{api}.proxy_cpu_us_per_request"]
+                    / figures[f"{phase}.gateway.proxy_cpu_us_per_request"])
         if f"{phase}.gateway64.proxy_cpu_us_per_{unit}" in figures:
             out[f"{phase}.gateway64.cpu_to_gateway_ratio"] = (
                 figures[f"{phase}.gateway64.proxy_cpu_us_per_{unit}"]

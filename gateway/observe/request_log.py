@@ -23,7 +23,8 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from gateway.router import prompt_text, reported_cache_usage
+from gateway.apis import API_OF_ROUTE
+from gateway.router import prompt_text
 
 if TYPE_CHECKING:  # the gateway's context holds a RequestLog: no import cycle at run time
     from gateway.auth import Principal
@@ -38,7 +39,7 @@ def request_record(request_id: str, trace: RequestTrace, started_s: float, statu
                    ) -> dict[str, Any]:
     """One request's line: ids and figures only, never the key or text. Prompt and cached
     tokens are the engine's usage when it reported one, else the gateway's count."""
-    usage = reported_cache_usage(trace.tail) if trace.tail else None
+    usage = API_OF_ROUTE[trace.route].cache_usage(trace.tail) if trace.tail else None
     prompt_tokens, cached_tokens = usage if usage is not None else (num_prompt_tokens, None)
     waits = trace.waits
     return {

@@ -56,14 +56,17 @@ if TYPE_CHECKING:
     from routing.types import Ranked
 
 _OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings",
-               "tokenize": "tokenize", "detokenize": "detokenize"}
+               "tokenize": "tokenize", "detokenize": "detokenize", "messages": "chat",
+               "count_tokens": "count_tokens", "responses": "chat"}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 # Shorter waits are counted but get no span: a cached key, an immediate admission, a pooled
 # connection take a few µs, and a span costs more than that to export.
 MIN_WAIT_SPAN_S = 50e-6
-_PROMPT_TOKENS_RE = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_OUTPUT_TOKENS_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_FINISH_RE = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]+)"')
+# OpenAI's usage and finish reasons, and the Messages and Responses APIs' (stop_reason,
+# a Responses status).
+_PROMPT_TOKENS_RE = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
+_OUTPUT_TOKENS_RE = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
+_FINISH_RE = re.compile(rb'"(?:finish|stop)_reason"\s*:\s*"([A-Za-z_]+)"')
 # A wait too short for a span of its own has its duration on the request's server span.
 _WAIT_ATTRIBUTES = {wait: f"switchyard.wait.{wait}.duration" for wait in WAIT_TYPES}
 
@@ -279,8 +282,8 @@ class RequestTrace:
         tail = self.tail[-2048:]
         if match := _PROMPT_TOKENS_RE.search(tail):
             attributes["gen_ai.usage.input_tokens"] = int(match.group(1))
-        if match := _OUTPUT_TOKENS_RE.search(tail):
-            attributes["gen_ai.usage.output_tokens"] = int(match.group(1))
+        if found := _OUTPUT_TOKENS_RE.findall(tail):  # the last: Anthropic's first is 0
+            attributes["gen_ai.usage.output_tokens"] = int(found[-1])
         elif self.num_output_tokens:
             attributes["gen_ai.usage.output_tokens"] = self.num_output_tokens
         if reasons := _FINISH_RE.findall(tail):

@@ -9,7 +9,13 @@ the vLLM servers' URLs) and checks, each wait bounded:
    ``usage.prompt_tokens_details.cached_tokens > 0`` (vLLM's prefix cache, 128-token blocks);
 4. ``/tokenize`` and ``/detokenize`` through the gateway: vLLM's own tokens, and the text back;
 5. ``GET /admin/fleet``: each vLLM backend has ``load_source`` "metrics", ``block_size`` and
-   ``kv_capacity_tokens`` from "vllm:/metrics" and ``max_context_tokens`` from "/v1/models".
+   ``kv_capacity_tokens`` from "vllm:/metrics" and ``max_context_tokens`` from "/v1/models";
+6. Anthropic's Messages API through the gateway with the official ``anthropic`` SDK (the key in
+   ``x-api-key``): a message, a stream, ``count_tokens`` equal to the message's input, the long
+   system prompt's repeat cached and routed to the same backend, an unknown model's 404 in
+   Anthropic's shape;
+7. OpenAI's Responses API through the gateway: a response, a stream ending in
+   ``response.completed`` or ``response.incomplete``, the usage charged as reported.
 
 ``--record DIR`` also saves what the first vLLM server itself answered (its trimmed ``/metrics``,
 ``/v1/models``, and a chat completion body with cached tokens) as test fixtures.
@@ -30,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 from openai import OpenAI
 
@@ -217,6 +224,63 @@ def trim_metrics(text: str) -> list[str]:
     return kept
 
 
+def check_messages(base_url: str, key: str, model: str) -> None:
+    """Anthropic's Messages API through the gateway, to vLLM's own /v1/messages."""
+    client = anthropic.Anthropic(base_url=base_url, api_key=key, timeout=120, max_retries=0)
+    message = client.messages.create(model=model, max_tokens=16, messages=[
+        {"role": "user", "content": "What is the capital of France?"}])
+    text = "".join(b.text for b in message.content if b.type == "text")
+    check(bool(text.strip()) and message.usage.output_tokens > 0,
+          f"message: {message.model_dump()}")
+    with client.messages.stream(model=model, max_tokens=16, messages=[
+            {"role": "user", "content": "Say hello in five words."}]) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    check(bool(streamed.strip()) and final.usage.output_tokens > 0,
+          f"streamed message: {final.model_dump()}")
+    turns: list[Any] = [{"role": "user", "content": "What is 2+2?"}]
+    counted = client.messages.count_tokens(model=model, system=LONG_SYSTEM_PROMPT,
+                                           messages=turns)
+    seen = []
+    for _ in range(2):
+        raw = client.messages.with_raw_response.create(
+            model=model, max_tokens=8, system=LONG_SYSTEM_PROMPT, messages=turns)
+        usage = raw.parse().usage
+        seen.append((raw.headers.get("x-switchyard-backend"), usage.input_tokens,
+                     usage.cache_read_input_tokens))
+    (first, _, _), (second, num_uncached, num_cached) = seen
+    check(counted.input_tokens == num_uncached + (num_cached or 0),
+          f"count_tokens {counted.input_tokens} against the message's usage {seen[1]}")
+    check(bool(num_cached) and first == second,
+          f"repeated long system prompt through /v1/messages: {seen} (backend, input_tokens, "
+          "cache_read_input_tokens per answer)")
+    missing = httpx.post(f"{base_url}/v1/messages", headers={"x-api-key": key}, timeout=30,
+                         json={"model": "no-such-model", "max_tokens": 1, "messages": turns})
+    error = missing.json()
+    check(missing.status_code == 404 and error.get("type") == "error"
+          and error["error"]["type"] == "not_found_error", f"unknown model: {error}")
+    print(f"ok  /v1/messages: {text.strip()[:40]!r}, a {len(streamed)}-character stream, "
+          f"count_tokens {counted.input_tokens}, {num_cached} cached on the repeat ({second})")
+
+
+def check_responses(client: OpenAI, model: str) -> None:
+    """OpenAI's Responses API through the gateway, to vLLM's own /v1/responses."""
+    response = client.responses.create(model=model, input="What is the capital of France?",
+                                       max_output_tokens=16)
+    check(bool(response.output_text.strip()) and response.usage is not None
+          and response.usage.output_tokens > 0, f"response: {response.model_dump()}")
+    events = list(client.responses.create(model=model, input="Say hello in five words.",
+                                          max_output_tokens=16, stream=True))
+    types = [event.type for event in events]
+    deltas = "".join(getattr(e, "delta", "") for e in events
+                     if e.type == "response.output_text.delta")
+    check(types[0] == "response.created"
+          and types[-1] in ("response.completed", "response.incomplete") and bool(deltas),
+          f"streamed response: event types {types}")
+    print(f"ok  /v1/responses: {response.output_text.strip()[:40]!r}, a stream of "
+          f"{len(events)} events ending in {types[-1]}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--state-file", type=Path, required=True)
@@ -236,6 +300,8 @@ def main() -> int:
                                             model)),
         ("fleet", lambda: check_admin_fleet(base_url, state["admin_token"],
                                             [b["name"] for b in state["backends"]])),
+        ("messages", lambda: check_messages(base_url, state["key"], model)),
+        ("responses", lambda: check_responses(client, model)),
     ]
     if args.record:
         how = " ".join([*(f"{k}={v}" for k, v in state["vllm_env"].items()),

@@ -69,12 +69,19 @@ def test_an_engine_app_serves_the_common_routes() -> None:
     async def serve(request: web.Request, is_chat: bool) -> web.StreamResponse:
         raise AssertionError("not called")
 
+    async def serve_api(request: web.Request, name: str) -> web.StreamResponse:
+        raise AssertionError("not called")
+
     async def page(request: web.Request) -> web.StreamResponse:
         raise AssertionError("not called")
 
     engine_http.add_openai_routes(common, serve, models=page, health=page, metrics=page)
+    engine_http.add_chat_api_routes(common, serve_api)
     expected = {(r.method, r.resource.canonical) for r in common.router.routes()
                 if r.resource is not None and r.method != "HEAD"}
     assert expected == {("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
-                        ("GET", "/v1/models"), ("GET", "/health"), ("GET", "/metrics")}
+                        ("GET", "/v1/models"), ("GET", "/health"), ("GET", "/metrics"),
+                        ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"),
+                        ("POST", "/v1/responses")}
     assert expected <= routes
+

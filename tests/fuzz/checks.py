@@ -4,12 +4,14 @@
   with code ``overloaded`` and a ``Retry-After``, which SLO admission gives when the fleet
   cannot meet the tier's TTFT target (the run keeps its load low, so it should not appear).
 - Every non-2xx reply is OpenAI-shaped JSON: ``error.message`` a non-empty string,
-  ``error.type`` a string, ``param`` and ``code`` present (a string or null).
+  ``error.type`` a string, ``param`` and ``code`` present (a string or null); under
+  /v1/messages, Anthropic-shaped: ``{"type": "error", "error": {type, message}}``.
 - Every request gets a reply (but one the client cut short: aiohttp closes on the
   half-close), and every reply carries an ``x-request-id``.
-- A 2xx JSON reply matches the schema the document gives for it; a stream ends with
-  ``data: [DONE]`` and holds no error event; a 2xx to a completion means the document
-  describes its body (the gateway accepted nothing the document refuses).
+- A 2xx JSON reply matches the schema the document gives for it; a stream ends with its
+  API's last event (``data: [DONE]``, ``message_stop``, ``response.completed`` or
+  ``response.incomplete``) and holds no error event; a 2xx to a completion means the
+  document describes its body (the gateway accepted nothing the document refuses).
 
 Example::
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import gzip
 import zlib
 from typing import Any
+from urllib.parse import unquote
 
 import jsonschema
 import orjson
@@ -34,8 +37,21 @@ from tests.fuzz.wire import CUT_SHORT, Reply
 ALLOWED_5XX_CODES = frozenset({"overloaded"})
 
 
-def error_problems(reply: Reply) -> list[str]:
-    """Why ``reply`` (not a 2xx) is not an OpenAI-format error."""
+ANTHROPIC_PREFIX = "/v1/messages"
+# The last event of a complete stream, and the start of an error event, per API.
+STREAM_ENDS = {"/v1/messages": (b'data: {"type":"message_stop"}',),
+               "/v1/responses": (b"event: response.completed", b"event: response.incomplete")}
+ERROR_EVENTS = {"/v1/messages": b"event: error", "/v1/responses": b"event: error"}
+
+
+def is_anthropic(target: str) -> bool:
+    """Whether the gateway answers ``target`` (path and query) in Anthropic's shape."""
+    return unquote(target.partition("?")[0]).startswith(ANTHROPIC_PREFIX)
+
+
+def error_problems(reply: Reply, *, anthropic: bool = False) -> list[str]:
+    """Why ``reply`` (not a 2xx) is not an OpenAI-format error (``anthropic``: not an
+    Anthropic-format one)."""
     if not reply.headers.get("content-type", "").startswith("application/json"):
         return [f"content-type {reply.headers.get('content-type')!r}, not application/json"]
     try:
@@ -50,6 +66,8 @@ def error_problems(reply: Reply) -> list[str]:
         found.append("error.message is not a non-empty string")
     if not isinstance(error.get("type"), str):
         found.append("error.type is not a string")
+    if anthropic:
+        return found + ([] if data.get("type") == "error" else ["'type' is not 'error'"])
     for name in ("param", "code"):
         if name not in error or not isinstance(error[name], str | None):
             found.append(f"error.{name} is missing or not a string or null")
@@ -104,7 +122,7 @@ class Checker:
                 and "retry-after" in reply.headers):
             found.append(f"gateway answered {reply.status}")
         if not 200 <= reply.status < 300:
-            return found + error_problems(reply)
+            return found + error_problems(reply, anthropic=is_anthropic(case.target))
         if case.raw is not None:
             return found  # well-formed after all (obs-text in a header, valid chunking)
         if not case.is_documented:
@@ -124,9 +142,11 @@ class Checker:
             if errors:
                 found.append(f"accepted a body the document refuses: {errors[0].message}")
         if reply.headers.get("content-type", "").startswith("text/event-stream"):
-            if not reply.body.rstrip().endswith(b"data: [DONE]"):
-                found.append("the stream does not end with 'data: [DONE]'")
-            if b'data: {"error"' in reply.body:
+            ends = STREAM_ENDS.get(template, (b"data: [DONE]",))
+            last_event = reply.body.rstrip().rpartition(b"\n\n")[2]
+            if not any(last_event.startswith(end) or last_event.endswith(end) for end in ends):
+                found.append(f"the stream does not end with {ends[0].decode()!r}")
+            if ERROR_EVENTS.get(template, b'data: {"error"') in reply.body:
                 found.append("the stream holds an error event")
             return found
         documented = self.document["paths"][template][method.lower()]["responses"]

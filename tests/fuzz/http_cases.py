@@ -33,7 +33,7 @@ from tests.fuzz.schema_strategies import SchemaGen, json_values
 
 SMALL_MAX_TOKENS = st.integers(1, 6)  # the engine answers in a few steps
 SAFE_TEXT = st.text(string.printable.strip() + " é中🙂", max_size=48)  # no CR, LF or NUL
-LIMIT_FIELDS = {"max_tokens", "max_completion_tokens"}
+LIMIT_FIELDS = {"max_tokens", "max_completion_tokens", "max_output_tokens"}
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
@@ -186,8 +186,10 @@ def _variant(draw: st.DrawFn, rng: random.Random, gen: SchemaGen, schema: dict[s
             # Streamed or not per request, not per batch: a few batches' base bodies would
             # otherwise decide how many streams the whole run sends.
             value = {**value, "stream": rng.random() < 0.5}
-        if not value.keys() & LIMIT_FIELDS:
-            value = {**value, "max_tokens": draw(SMALL_MAX_TOKENS)}  # not the engine's 256
+        if not value.keys() & LIMIT_FIELDS:  # not the engine's 256
+            limit = ("max_output_tokens" if "max_output_tokens" in gen.resolve(schema).get(
+                "properties", {}) else "max_tokens")
+            value = {**value, limit: draw(SMALL_MAX_TOKENS)}
     return encode(draw, value, rng, damaged_share=1.0 if how == "damaged" else 0.0)
 
 
@@ -259,6 +261,7 @@ def operation_cases(document: dict[str, Any], creds: Credentials
     gen = SchemaGen(document, hints={
         "model": st.sampled_from(creds.models),
         "max_tokens": SMALL_MAX_TOKENS, "max_completion_tokens": SMALL_MAX_TOKENS,
+        "max_output_tokens": SMALL_MAX_TOKENS,
         "tenant_id": st.sampled_from(creds.tenant_ids), "tenant": st.sampled_from(creds.tenant_ids),
         "key_id": st.sampled_from(creds.key_ids),
         "from": st.datetimes().map(lambda t: t.isoformat()) | st.floats().map(str),

@@ -14,6 +14,7 @@ CHECKER = Checker(document())
 CHAT = Case("POST /v1/chat/completions", "POST", "/v1/chat/completions",
             body=orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
 JSON = {"content-type": "application/json", "x-request-id": "req-1"}
+MESSAGES = b'{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}'
 
 
 def error(status: int, code: str | None = "c", headers: dict[str, str] | None = None,
@@ -51,6 +52,21 @@ COMPLETION = orjson.dumps({"id": "c", "object": "chat.completion", "model": "m",
                   "property"], id="a-completion-without-choices"),
     pytest.param(CHAT, Reply(200, {**JSON, "content-type": "text/event-stream"}, b"data: {}\n\n"),
                  ["the stream does not end with 'data: [DONE]'"], id="a-stream-cut-short"),
+    pytest.param(Case("POST /v1/messages", "POST", "/v1/messages", body=MESSAGES),
+                 Reply(200, {**JSON, "content-type": "text/event-stream"},
+                       b'event: message_start\ndata: {"type":"message_start"}\n\n'),
+                 ["the stream does not end with 'data: {\"type\":\"message_stop\"}'"],
+                 id="a-messages-stream-cut-short"),
+    pytest.param(Case("POST /v1/responses", "POST", "/v1/responses",
+                      body=b'{"model": "m", "input": "hi"}'),
+                 Reply(200, {**JSON, "content-type": "text/event-stream"},
+                       b'event: response.output_text.delta\ndata: {}\n\n'
+                       b'event: error\ndata: {"type":"error"}\n\n'),
+                 ["the stream does not end with 'event: response.completed'",
+                  "the stream holds an error event"], id="a-responses-stream-that-failed"),
+    pytest.param(Case("POST /v1/messages", "POST", "/v1/messages"),
+                 Reply(400, JSON, error(400).body),
+                 ["'type' is not 'error'"], id="an-openai-error-on-an-anthropic-path"),
     pytest.param(Case("POST /v1/chat/completions", "POST", "/v1/chat/completions",
                       body=b'{"model": 5, "messages": [{"role": "user"}]}'),
                  Reply(200, JSON, COMPLETION),

@@ -50,17 +50,20 @@ def test_every_route_the_app_registers_is_documented_and_no_other() -> None:
 
 @pytest.mark.parametrize(("method", "path"),
                          [pytest.param(m, p, id=f"{m} {p}") for m, p, _ in _operations()])
-def test_each_operation_states_its_credential_and_openai_errors(method: str, path: str) -> None:
+def test_each_operation_states_its_credential_and_its_apis_errors(method: str, path: str
+                                                                  ) -> None:
     operation = DOC["paths"][path][method.lower()]
-    expected = ([] if path in PUBLIC else
-                [{"adminToken": []}] if path.startswith("/admin") else [{"tenantKey": []}])
+    expected = ([] if path in PUBLIC else [{"adminToken": []}] if path.startswith("/admin")
+                else [{"tenantKey": []}, {"tenantKeyHeader": []}])
     assert operation["security"] == expected
+    error = "AnthropicError" if path.startswith("/v1/messages") else "Error"
     for status, response in operation["responses"].items():
         if status.startswith("2"):
             continue
         name = response["$ref"].rsplit("/", 1)[1]
         content = DOC["components"]["responses"][name]["content"]
-        assert content == {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        assert content == {"application/json": {"schema": {
+            "$ref": f"#/components/schemas/{error}"}}}
 
 
 def test_the_error_schema_is_openais() -> None:

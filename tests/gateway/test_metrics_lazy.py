@@ -10,6 +10,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.observe.metrics import _LATENCY_BUCKETS_S, GatewayMetrics
+from gateway.routes import ROUTE_PATHS
 
 Key = tuple[str, tuple[tuple[str, str], ...]]  # a sample's name and its labels, sorted
 
@@ -29,10 +30,10 @@ def test_requests_and_durations_scrape_as_prometheus_client_records_them() -> No
                        registry=reference)
     durations = Histogram("switchyard_request_duration_seconds", "x", ["route"],
                           buckets=_LATENCY_BUCKETS_S, registry=reference)
-    for route in ("chat", "completions", "embeddings", "tokenize", "detokenize"):
+    for route in ROUTE_PATHS:
         durations.labels(route)
     for _ in range(2_000):
-        route = rng.choice(["chat", "completions", "embeddings", "tokenize", "detokenize"])
+        route = rng.choice(list(ROUTE_PATHS))
         model = rng.choice(["m", None])
         status = rng.choice([200, 200, 429, 503])
         # values on the bucket bounds too: a bound belongs to its own bucket (le)

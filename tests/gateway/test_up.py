@@ -3,6 +3,7 @@ working demo key and commands that work as printed, and Ctrl-C (SIGINT) stops ev
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
 
@@ -150,6 +152,29 @@ def test_up_serves_the_demo_key_and_ctrl_c_stops_every_child() -> None:
         first, second = (d.embedding for d in pooled.data)
         assert len(first) == 576  # SmolLM2-135M's hidden size
         assert sum(a * b for a, b in zip(first, second, strict=True)) > 0.5  # alike sentences
+        # Anthropic Messages and OpenAI Responses from both kinds of worker (own-fleet mode:
+        # found through their heartbeats), with the demo key in Anthropic's x-api-key.
+        messages = anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}",
+                                       api_key=match.group(1), max_retries=0)
+        for model in ("switchyard-sim", "SmolLM2-135M-Instruct"):
+            message = messages.messages.create(
+                model=model, max_tokens=3, messages=[{"role": "user", "content": "Say hi."}])
+            assert message.content[0].text and message.usage.output_tokens  # type: ignore
+            with messages.messages.stream(model=model, max_tokens=3, messages=[
+                    {"role": "user", "content": "Say hi."}]) as stream:
+                assert "".join(stream.text_stream)
+            response = client.responses.create(model=model, input="Say hi.",
+                                               max_output_tokens=3)
+            assert response.output_text and response.usage is not None
+
+        async def message_async() -> str:
+            async with anthropic.AsyncAnthropic(base_url=f"http://127.0.0.1:{port}",
+                                                api_key=match.group(1), max_retries=0) as aio:
+                reply = await aio.messages.create(model="switchyard-sim", max_tokens=2,
+                                                  messages=[{"role": "user", "content": "Hi"}])
+            return reply.content[0].text  # type: ignore[union-attr]
+
+        assert asyncio.run(message_async())
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0

@@ -3,7 +3,6 @@ worker contract in Redis, and OpenAI errors for bad input. Real processes on loo
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -24,43 +23,9 @@ from backends.publisher import (
     unpack_hashes,
     worker_key,
 )
-from gateway.cli.localproc import (
-    ProcessGroup,
-    free_port_range,
-    python_module_argv,
-    start_redis,
-    wait_http,
-)
+from gateway.cli.localproc import ProcessGroup, start_redis
 from routing.prefix import token_block_hashes
-
-MODEL = "switchyard-sim"
-
-
-class SimFleet:
-    def __init__(self, group: ProcessGroup, tmp: Path, num_workers: int = 1,
-                 latency: dict[str, float] | None = None, **flags: Any) -> None:
-        self.base_port = free_port_range(num_workers)
-        argv = python_module_argv("backends.sim", "--workers", str(num_workers),
-                                  "--base-port", str(self.base_port), "--tokenizer", "real")
-        if latency is not None:
-            path = tmp / f"latency-{self.base_port}.json"
-            path.write_text(json.dumps(latency))
-            argv += ["--latency-json", str(path)]
-        for name, value in flags.items():
-            argv += ["--" + name.replace("_", "-"), str(value)]
-        self.process = group.spawn(f"sim-{self.base_port}", argv)
-        self.urls = [f"http://127.0.0.1:{self.base_port + i}" for i in range(num_workers)]
-        for url in self.urls:
-            wait_http(url + "/health", group=group)
-
-    def metrics(self, index: int = 0) -> dict[str, float]:
-        text = httpx.get(self.urls[index] + "/metrics").text
-        values = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                values[name.split("{")[0]] = float(value)
-        return values
+from tests.backends.sim.support import MODEL, SimFleet
 
 
 @pytest.fixture(scope="module")
