@@ -33,6 +33,7 @@ _CACHE_READ_RE = re.compile(rb'"cache_read_input_tokens"\s*:\s*(\d+)')
 _CACHE_CREATION_RE = re.compile(rb'"cache_creation_input_tokens"\s*:\s*(\d+)')
 _CACHED_TOKENS_RE = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 _DATA = b"data: "
+END_CARRY_BYTES = 32  # longer than any stream end marker
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +41,9 @@ class Api:
     """One client API's wire, as the proxy needs it."""
 
     name: str  # "openai", "anthropic" or "responses"
-    # A complete stream's last event holds one of these (an ``event:`` line cannot occur
-    # inside a JSON string, nor can an unescaped quote); ``end_name`` names it in errors.
+    # A complete stream's last event holds one of these: its ``event:`` line (a JSON string
+    # cannot hold the raw newline that ends it) or its quoted type (nor an unescaped quote);
+    # ``end_name`` names it in errors.
     stream_ends: tuple[bytes, ...]
     end_name: str
     # Events a stream sends before its first token, and after its last (its end included):
@@ -97,10 +99,14 @@ class Api:
                                  "param": None, "error": error})
         return b"event: error\n" + _DATA + data + b"\n\n"
 
-    def is_stream_end(self, window: bytes) -> bool:
-        """Whether ``window`` (a chunk, with the end of the one before it) holds the event
-        a complete stream ends with."""
-        return any(end in window for end in self.stream_ends)
+    def is_stream_end(self, chunk: bytes, before: bytes) -> bool:
+        """Whether ``chunk`` holds the event a complete stream ends with, or ends one that
+        ``before`` (the stream's last ``END_CARRY_BYTES`` before it) began."""
+        ends = self.stream_ends
+        if any(end in chunk for end in ends):
+            return True
+        window = before + chunk[:END_CARRY_BYTES]  # a marker cut by the chunks' boundaries
+        return any(end in window for end in ends)
 
     def output_tokens(self, tail: bytes, num_events: int) -> int:
         """The output tokens the usage at the end of a response says, else one per event
@@ -139,7 +145,7 @@ class Api:
 
 def _ends(*events: str) -> tuple[bytes, ...]:
     return tuple(end for event in events for end in (
-        f"\nevent: {event}".encode(), f'"type":"{event}"'.encode(),
+        f"event: {event}\n".encode(), f'"type":"{event}"'.encode(),
         f'"type": "{event}"'.encode()))
 
 

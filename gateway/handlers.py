@@ -11,8 +11,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
 from gateway.auth import credentials
-from gateway.context import GATEWAY
+from gateway.context import GATEWAY, Gateway
 from gateway.errors import APIError
+from gateway.observe.worker_metrics import OWN_PATH, merged_metrics, socket_path
+from gateway.workers import WORKER_ROLE, WorkerRole
 
 _STARTED_AT = int(time.time())
 
@@ -70,14 +72,41 @@ BREAKER_STATES = ("closed", "open", "half_open")
 
 
 async def metrics(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
+    """This process's metrics; under ``serve --workers``, every worker's, with a ``worker``
+    label (``gateway.observe.worker_metrics``)."""
+    body = own_metrics(request.app[GATEWAY])
+    role = request.app.get(WORKER_ROLE)
+    if role is not None and role.num_workers > 1:
+        body, _ = await merged_metrics(body.decode(), index=role.index,
+                                       num_workers=role.num_workers,
+                                       socket_dir=role.socket_dir)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def own_metrics(gw: Gateway) -> bytes:
     for backend in gw.registry.backends:
         gw.metrics.backend_healthy.labels(backend.name).set(1 if backend.is_healthy else 0)
         gw.metrics.breaker_state.labels(backend.name).set(
             BREAKER_STATES.index(backend.breaker.state))
     gw.metrics.in_flight.set(gw.num_in_flight)
-    body = generate_latest(gw.metrics.registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    return bytes(generate_latest(gw.metrics.registry))
+
+
+async def serve_own_metrics(app: web.Application, role: WorkerRole) -> web.AppRunner:
+    """A worker's own metrics on its Unix socket, for its siblings' scrapes."""
+    gw = app[GATEWAY]
+
+    async def own(request: web.Request) -> web.Response:
+        return web.Response(body=own_metrics(gw), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    sibling_app = web.Application()
+    sibling_app.router.add_get(OWN_PATH, own)
+    runner = web.AppRunner(sibling_app, access_log=None)
+    await runner.setup()
+    path = socket_path(role.socket_dir, role.index)
+    path.unlink(missing_ok=True)  # a restarted worker's predecessor left it
+    await web.UnixSite(runner, str(path)).start()
+    return runner
 
 
 def _json(data: object, status: int = 200) -> web.Response:

@@ -33,7 +33,7 @@ from gateway.admit import (
     renew_lease,
     tier_for,
 )
-from gateway.apis import API_OF_ROUTE, OPENAI, Api
+from gateway.apis import API_OF_ROUTE, END_CARRY_BYTES, OPENAI, Api
 from gateway.auth import Principal, credentials
 from gateway.context import CLIENT_LEFT, GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, unreadable_body
@@ -669,9 +669,10 @@ class _Splice:
     connection's data callback, so it never raises: a client that has gone is only noted (its
     handler is being cancelled), and a full client buffer asks the upstream to pause."""
 
-    __slots__ = ("_api", "_ending_at_events", "_is_chunked", "_loop", "_next_renew_s",
-                 "_on_ending", "_renew_every_s", "_ticket", "_transport", "is_client_gone",
-                 "last_chunk_s", "num_chunks", "num_events", "previous", "saw_end", "tail")
+    __slots__ = ("_api", "_end_carry", "_ending_at_events", "_is_chunked", "_loop",
+                 "_next_renew_s", "_on_ending", "_renew_every_s", "_ticket", "_transport",
+                 "is_client_gone", "last_chunk_s", "num_chunks", "num_events", "previous",
+                 "saw_end", "tail")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, ticket: QuotaTicket,
                  renew_every_s: float, ending_at_events: int | None = None,
@@ -682,6 +683,7 @@ class _Splice:
         # response). OpenAI streams end with [DONE], which the handler finds at the end.
         self._api = api
         self.saw_end = False
+        self._end_carry = b""
         # At this many events the stream has one token left: ``on_ending`` runs, once.
         self._ending_at_events = (ending_at_events if ending_at_events is not None
                                   and on_ending is not None else _NEVER)
@@ -706,7 +708,10 @@ class _Splice:
         self.num_chunks += 1
         self.num_events += chunk.count(b"data: ")
         if self._api is not None and not self.saw_end:
-            self.saw_end = self._api.is_stream_end(self.tail[-32:] + chunk)
+            carry = self._end_carry
+            self.saw_end = self._api.is_stream_end(chunk, carry)
+            self._end_carry = (chunk if len(chunk) >= END_CARRY_BYTES
+                               else carry + chunk)[-END_CARRY_BYTES:]
         if self.num_events >= self._ending_at_events:
             self._ending_at_events = _NEVER
             if self._on_ending is not None:

@@ -42,6 +42,7 @@ from gateway.admin import _admin as require_admin
 from gateway.context import CONFIG_PATH, GATEWAY, Gateway
 from gateway.errors import APIError
 from gateway.settings import BackendSettings, ConfigError, Settings, load_settings
+from gateway.workers import ask_supervisor_to_reload
 from routing.aliases import ModelAliases
 
 log = logging.getLogger(__name__)
@@ -211,4 +212,6 @@ async def admin_reload(request: web.Request) -> web.Response:
         raise APIError.bad_request(
             f"The configuration file is invalid, so nothing changed: {problems}. Fix it and "
             "reload again.", code="invalid_config") from None
+    if ask_supervisor_to_reload():  # one of `serve --workers`: the others read it too
+        log.info("reload: asked the supervisor to reload every worker")
     return web.json_response(result.to_json())

@@ -25,10 +25,12 @@ from aiohttp.web_server import Server
 from gateway.app import create_app, new_request_id
 from gateway.context import CONFIG_PATH, GATEWAY, Gateway
 from gateway.errors import error_body
+from gateway.handlers import serve_own_metrics
 from gateway.observe.logs import RateLimitFilter
 from gateway.proxy import DrainDeadline
 from gateway.reload import reload_from_signal
 from gateway.settings import Settings
+from gateway.workers import WORKER_ROLE, WorkerRole
 from routing import native
 
 log = logging.getLogger(__name__)
@@ -135,10 +137,15 @@ class _JsonErrorServer(Server):
 
 async def run_until_signalled(settings: Settings, *, ready_line: bool = True,
                               on_started: OnStarted | None = None,
-                              config_path: Path | None = None) -> None:
+                              config_path: Path | None = None,
+                              worker: WorkerRole | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then drain. ``worker``: one of ``serve --workers``'s
+    processes (``gateway.workers``), on the supervisor's port with ``SO_REUSEPORT``."""
     app = create_app(settings)
     if config_path is not None:
         app[CONFIG_PATH] = config_path
+    if worker is not None:
+        app[WORKER_ROLE] = worker
     runner = web.AppRunner(
         app,
         handler_cancellation=True,
@@ -153,9 +160,12 @@ async def run_until_signalled(settings: Settings, *, ready_line: bool = True,
     if runner.server is not None and type(runner.server) is Server:
         runner.server.__class__ = _JsonErrorServer
         runner.server.header_timeout_s = settings.listen.header_timeout_s  # type: ignore[attr-defined]
-    sock = _listen_socket(settings.listen.host, settings.listen.port)
+    sock = _listen_socket(settings.listen.host,
+                          settings.listen.port if worker is None else worker.port,
+                          reuse_port=worker is not None)
     site = web.SockSite(runner, sock)
     await site.start()
+    own_metrics = None if worker is None else await serve_own_metrics(app, worker)
     host, port = sock.getsockname()[:2]
     url_host = f"[{host}]" if ":" in host else host
     if ready_line:
@@ -176,6 +186,8 @@ async def run_until_signalled(settings: Settings, *, ready_line: bool = True,
             await running.stop()  # no new connections; open ones finish what they carry
         await _drain(app[GATEWAY], settings.drain_timeout_s)
     finally:
+        if own_metrics is not None:
+            await own_metrics.cleanup()
         await runner.cleanup()
         log.info("gateway stopped")
 
@@ -202,10 +214,12 @@ async def _drain(gw: Gateway, timeout_s: float) -> None:
             await gw.drained.wait()
 
 
-def _listen_socket(host: str, port: int) -> socket.socket:
+def _listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # one of several workers on the port: the kernel spreads connections
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(1024)
     sock.setblocking(False)
@@ -213,9 +227,11 @@ def _listen_socket(host: str, port: int) -> socket.socket:
 
 
 def serve(settings: Settings, **kwargs: Any) -> None:
+    worker = kwargs.get("worker")
     logging.basicConfig(
         level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format="%(asctime)s %(levelname)s " + ("" if worker is None else f"w{worker.index} ")
+        + "%(name)s: %(message)s",
     )
     for handler in logging.getLogger().handlers:  # an outage is one line per cause, not a flood
         handler.addFilter(RateLimitFilter())

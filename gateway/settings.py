@@ -29,7 +29,7 @@ ENV_PREFIX = "SWITCHYARD_"
 # Read by the CLI wrappers (and SWITCHYARD_NATIVE at import, by routing.native, and
 # SWITCHYARD_WORKER by scripts/setup.sh), not settings of the gateway.
 _CLI_ONLY_VARIABLES = frozenset({"SWITCHYARD_CONFIG", "SWITCHYARD_URL", "SWITCHYARD_NATIVE",
-                                 "SWITCHYARD_WORKER"})
+                                 "SWITCHYARD_WORKER", "SWITCHYARD_SUPERVISOR_PID"})
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
 
@@ -46,6 +46,9 @@ class ListenSettings(_Strict):
         60.0, gt=0, description="a request's body must arrive within this once its head has")
     keepalive_timeout_s: float = Field(
         75.0, gt=0, description="an idle keep-alive connection is closed after this")
+    workers: int = Field(
+        1, ge=1, le=256, description="gateway processes on this port (SO_REUSEPORT), each a "
+        "replica sharing state through Redis (gateway/workers.py); one uses one core")
 
 
 class BackendProfileSettings(_Strict):

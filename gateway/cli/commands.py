@@ -25,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve", help="run the gateway (--config FILE, or --backend URL ... with no file)")
     serve.add_argument("--config", help="YAML configuration file (SWITCHYARD_* env overrides)")
+    serve.add_argument("--workers", type=int, metavar="N",
+                       help="run N gateway processes on the port (listen.workers)")
     quickstart.add_arguments(serve)
 
     config = sub.add_parser("config", help="configuration tools")
@@ -87,15 +89,25 @@ def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         if quickstart.is_requested(args):
+            if args.workers is not None:
+                print("switchyard serve: --workers needs --config (its workers share state "
+                      "through the Redis the file names)", file=sys.stderr)
+                return 2
             return quickstart.run(args)
+        overrides = {} if args.workers is None else {"listen": {"workers": args.workers}}
         try:
-            settings = load_settings(args.config)
+            settings = load_settings(args.config, overrides=overrides)
         except ConfigError as exc:
             _print_config_errors(args.config or "<environment>", exc)
             return 2
+        config_path = Path(args.config) if args.config else None
+        if settings.listen.workers > 1:
+            from gateway.workers import supervise
+
+            return supervise(settings, config_path)
         from gateway.server import serve
 
-        serve(settings, config_path=Path(args.config) if args.config else None)
+        serve(settings, config_path=config_path)
         return 0
     if args.command == "config":
         try:

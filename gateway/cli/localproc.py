@@ -27,7 +27,7 @@ from types import TracebackType
 import httpx
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: get SIGTERM if the parent dies, even by SIGKILL (Linux), so
     a killed ``switchyard up`` or test run never leaves orphans holding ports."""
     if sys.platform.startswith("linux"):
@@ -80,7 +80,7 @@ class ProcessGroup:
         full_env = {**os.environ, **(env or {})}
         child = subprocess.Popen(
             list(argv), stdout=stdout, stderr=subprocess.STDOUT if stdout is not None else None,
-            env=full_env, preexec_fn=_die_with_parent,
+            env=full_env, preexec_fn=die_with_parent,
         )
         if stdout not in (None, subprocess.DEVNULL):
             os.close(stdout)
