@@ -33,7 +33,7 @@ from gateway.admit import (
     renew_lease,
     tier_for,
 )
-from gateway.apis import API_OF_ROUTE, END_CARRY_BYTES, OPENAI, Api
+from gateway.apis import API_OF_ROUTE, OPENAI, Api, EventHeads
 from gateway.auth import Principal, credentials
 from gateway.context import CLIENT_LEFT, GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, unreadable_body
@@ -644,8 +644,9 @@ async def _relay_stream(
         request[CLIENT_LEFT] = True
         return out
     else:
-        if (b"data: [DONE]" in splice.previous[-64:] + splice.tail[-64:] if api.is_openai
-                else splice.saw_end):
+        heads = splice.event_heads
+        if (b"data: [DONE]" in splice.previous[-64:] + splice.tail[-64:] if heads is None
+                else api.is_stream_end(heads.head, splice.previous[-256:] + splice.tail[-256:])):
             await out.write_eof()
         else:  # a clean end without its last event: the engine stopped short
             gw.metrics.upstream_errors.labels(opened.backend.name, "no_done").inc()
@@ -669,21 +670,19 @@ class _Splice:
     connection's data callback, so it never raises: a client that has gone is only noted (its
     handler is being cancelled), and a full client buffer asks the upstream to pause."""
 
-    __slots__ = ("_api", "_end_carry", "_ending_at_events", "_is_chunked", "_loop",
-                 "_next_renew_s", "_on_ending", "_renew_every_s", "_ticket", "_transport",
-                 "is_client_gone", "last_chunk_s", "num_chunks", "num_events", "previous",
-                 "saw_end", "tail")
+    __slots__ = ("_ending_at_events", "_is_chunked", "_loop", "_next_renew_s", "_on_ending",
+                 "_renew_every_s", "_ticket", "_transport", "event_heads", "is_client_gone",
+                 "last_chunk_s", "num_chunks", "num_events", "previous", "tail")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, ticket: QuotaTicket,
                  renew_every_s: float, ending_at_events: int | None = None,
                  on_ending: Callable[[], None] | None = None, api: Api | None = None) -> None:
         self._loop = loop
-        # Messages and Responses streams: each chunk is looked at for the stream's last event
-        # (``saw_end``), which may be far from its end (response.completed holds the whole
-        # response). OpenAI streams end with [DONE], which the handler finds at the end.
-        self._api = api
-        self.saw_end = False
-        self._end_carry = b""
+        # Messages and Responses streams: the latest event's head is followed, to judge the
+        # stream's end by its last event, which may be far longer than a chunk
+        # (response.completed holds the whole response). OpenAI streams end with [DONE],
+        # which the handler finds in the last bytes.
+        self.event_heads = None if api is None else EventHeads()
         # At this many events the stream has one token left: ``on_ending`` runs, once.
         self._ending_at_events = (ending_at_events if ending_at_events is not None
                                   and on_ending is not None else _NEVER)
@@ -707,11 +706,8 @@ class _Splice:
             return
         self.num_chunks += 1
         self.num_events += chunk.count(b"data: ")
-        if self._api is not None and not self.saw_end:
-            carry = self._end_carry
-            self.saw_end = self._api.is_stream_end(chunk, carry)
-            self._end_carry = (chunk if len(chunk) >= END_CARRY_BYTES
-                               else carry + chunk)[-END_CARRY_BYTES:]
+        if self.event_heads is not None:
+            self.event_heads.track(chunk)
         if self.num_events >= self._ending_at_events:
             self._ending_at_events = _NEVER
             if self._on_ending is not None:

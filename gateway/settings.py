@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic import model_validator as _model_validator
 
+from backends.redis_url import RedisUrlError, is_sentinel_url, sentinel_parts
 from routing.aliases import Alias, alias_problems
 
 ENV_PREFIX = "SWITCHYARD_"
@@ -325,7 +326,9 @@ class Settings(_Strict):
         "redis", description="where tenants, keys and quotas live: Redis, shared by every "
         "replica, or this process (a single replica; tenants and keys are lost at exit; no "
         "worker discovery or approximate-index sharing; redis_url unused)")
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0", description="redis://, rediss://, unix://, or "
+        "redis+sentinel://HOST[:PORT],.../SERVICE[/DB] for a Sentinel-managed primary")
     admin_token: SecretStr | None = None
     key_secret: SecretStr | None = Field(
         None, description="HMAC secret for API key hashes; without it keys are hashed with SHA-256"
@@ -344,6 +347,16 @@ class Settings(_Strict):
     drain_timeout_s: float = Field(30.0, ge=0)
     key_cache_ttl_s: float = Field(30.0, gt=0)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str) -> str:
+        if is_sentinel_url(value):
+            try:
+                sentinel_parts(value)
+            except RedisUrlError as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("admin_token")
     @classmethod

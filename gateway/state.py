@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 from admission.quota.memory import MemoryQuotaStore
 from admission.quota.store import QuotaStore
 from admission.quota.types import QuotaStoreLike
+from backends.redis_url import redis_from_url
 from gateway.auth import Authenticator
 from gateway.keystore import KeyStore
 from gateway.keystore_memory import MemoryKeyStore
@@ -65,7 +66,7 @@ def open_state(settings: Settings) -> GatewayState:
         memory_store.subscribe(auth.invalidate)  # revocation is seen by the next request
         return GatewayState(redis=None, store=memory_store, auth=auth,
                             quotas=MemoryQuotaStore(lease_ttl_s=admission.lease_ttl_s))
-    redis = aioredis.Redis.from_url(
+    redis = redis_from_url(
         settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0,
         health_check_interval=10,
     )

@@ -15,10 +15,10 @@ import signal
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import redis.asyncio as aioredis
 from aiohttp import web
 
 from backends.publisher import KvPublisher, WorkerIdentity
+from backends.redis_url import redis_from_url
 from backends.sim.profile import LatencyModel, WorkerProfile
 from backends.sim.server import create_app
 from backends.sim.worker import SimWorker
@@ -61,7 +61,7 @@ async def start_fleet(
     config: SimFleetConfig,
 ) -> tuple[list[SimWorker], list[web.AppRunner], list[asyncio.Task[None]], list[KvPublisher]]:
     tokenizer = get_tokenizer(config.tokenizer)
-    redis = aioredis.Redis.from_url(config.redis_url) if config.redis_url else None
+    redis = redis_from_url(config.redis_url) if config.redis_url else None
     workers, runners, tasks, publishers = [], [], [], []
     for index, profile in enumerate(worker_profiles(config)):
         port = config.base_port + index

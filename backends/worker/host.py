@@ -17,11 +17,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import redis.asyncio as aioredis
 import torch
 from aiohttp import web
 
 from backends.publisher import KvPublisher, WorkerIdentity
+from backends.redis_url import redis_from_url
 from backends.worker.async_engine import AsyncEngine
 from backends.worker.engine import EngineConfig, LLMEngine
 from backends.worker.kv_cache import available_memory_bytes
@@ -137,7 +137,7 @@ async def start_worker(config: WorkerConfig) -> tuple[web.AppRunner, AsyncEngine
         prefill_tokens_per_s = measure_prefill_tokens_per_s(engine.model,
                                                             config.prefill_probe_tokens)
     profile = resource_profile(engine, prefill_tokens_per_s=prefill_tokens_per_s)
-    redis = aioredis.Redis.from_url(config.redis_url) if config.redis_url else None
+    redis = redis_from_url(config.redis_url) if config.redis_url else None
     publisher = None
     if redis is not None:
         publisher = KvPublisher(

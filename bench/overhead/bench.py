@@ -119,6 +119,10 @@ LARGE_FLEET_PHASES = ("nonstream", "paced_stream")
 # ("gateway_messages", "gateway_responses"): the same prompt and output as the chat ones.
 API_PHASES = ("nonstream", "paced_stream")
 API_PATHS = {"messages": "/v1/messages", "responses": "/v1/responses"}
+# Each round measures chat, Messages and Responses back to back, so that each ratio is taken
+# within seconds (this machine's speed drifts by tens of percent over a minute); the figure is
+# the rounds' median.
+API_ROUNDS = 3
 
 
 def endpoints(fleet: BenchFleet, phase: str = "") -> dict[str, tuple[str, dict[str, int]]]:
@@ -174,11 +178,30 @@ def measure_phase(fleet: BenchFleet, phase: Phase) -> Figures:
             figures[f"{phase.name}.gateway.writes_per_stream"] = writes / (
                 result["num_ok"] + phase.num_warmup)
     if phase.name in API_PHASES:
-        url, watch = endpoints(fleet)["gateway"]
+        figures.update(measure_apis(fleet, phase))
+    return figures
+
+
+def measure_apis(fleet: BenchFleet, phase: Phase) -> Figures:
+    """The gateway's CPU for Messages and Responses requests against chat's: per request
+    and per relayed event, each ratio the median over ``API_ROUNDS`` adjacent rounds."""
+    url, watch = endpoints(fleet)["gateway"]
+    ratios: dict[str, list[float]] = {}
+    figures: Figures = {}
+    for _ in range(API_ROUNDS):
+        chat = result_figures(_loadgen(fleet, url + CHAT_PATH, watch, *phase.args))
         for api, path in API_PATHS.items():
-            result = _loadgen(fleet, url + path, watch, *phase.args, "--api", api)
-            for key, value in result_figures(result).items():
+            found = result_figures(_loadgen(fleet, url + path, watch, *phase.args, "--api",
+                                            api))
+            for unit, ratio in (("request", "cpu_to_chat_ratio"),
+                                ("chunk", "cpu_per_chunk_to_chat_ratio")):
+                key = f"proxy_cpu_us_per_{unit}"
+                if key in found and chat.get(key):
+                    ratios.setdefault(f"{phase.name}.gateway_{api}.{ratio}", []).append(
+                        found[key] / chat[key])
+            for key, value in found.items():  # the last round's, for the table
                 figures[f"{phase.name}.gateway_{api}.{key}"] = value
+    figures.update({name: median(values) for name, values in ratios.items()})
     return figures
 
 
@@ -200,11 +223,6 @@ def derived(figures: Figures) -> Figures:
             out[f"{phase}.gateway_interpreted.cpu_to_floor_ratio"] = (
                 figures[f"{phase}.gateway_interpreted.proxy_cpu_us_per_{unit}"]
                 / figures[f"{phase}.floor.proxy_cpu_us_per_{unit}"])
-        for api in API_PATHS:  # per request: a Messages stream has more events than chat's
-            if f"{phase}.gateway_{api}.proxy_cpu_us_per_request" in figures:
-                out[f"{phase}.gateway_{api}.cpu_to_chat_ratio"] = (
-                    figures[f"{phase}.gateway_{api}.proxy_cpu_us_per_request"]
-                    / figures[f"{phase}.gateway.proxy_cpu_us_per_request"])
         if f"{phase}.gateway64.proxy_cpu_us_per_{unit}" in figures:
             out[f"{phase}.gateway64.cpu_to_gateway_ratio"] = (
                 figures[f"{phase}.gateway64.proxy_cpu_us_per_{unit}"]

@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from backends.api_wire import MessagesWire, ResponsesWire, Usage
-from gateway.apis import ANTHROPIC, END_CARRY_BYTES, OPENAI, RESPONSES, Api
+from gateway.apis import ANTHROPIC, OPENAI, RESPONSES, Api, EventHeads
 
 USAGE = Usage(num_prompt_tokens=40, num_output_tokens=3, num_cached_tokens=32)
 
@@ -29,24 +29,44 @@ def _responses_stream() -> bytes:
     pytest.param(RESPONSES, _responses_stream(), id="responses"),
 ])
 def test_a_complete_stream_is_seen_to_end_in_any_chunking(api: Api, stream: bytes) -> None:
-    for size in (1, 7, 31, 64, 200, len(stream)):
-        chunks = [stream[i:i + size] for i in range(0, len(stream), size)]
-        before, seen = b"", False
-        for chunk in chunks:
-            seen = seen or api.is_stream_end(chunk, before)
-            before = (before + chunk)[-END_CARRY_BYTES:]
-        assert seen, size
     cut = stream[:stream.rfind(b"event: ")]  # the last event never came
-    assert not api.is_stream_end(cut, b"")
+    for size in (1, 2, 7, 31, 64, 200, len(stream)):
+        for whole, is_complete in ((stream, True), (cut, False)):
+            heads = EventHeads()
+            chunks = [whole[i:i + size] for i in range(0, len(whole), size)]
+            for chunk in chunks:
+                heads.track(chunk)
+            last = b"".join(chunks[-2:])
+            assert api.is_stream_end(heads.head, last) is is_complete, (size, heads.head)
+
+
+def test_a_long_last_event_is_judged_by_its_head() -> None:
+    """response.completed holds the whole response: its head may be many chunks back."""
+    wire = ResponsesWire("m", {"input": "x"})
+    stream = wire.start(USAGE) + wire.delta("word " * 5000) + wire.finish("stop", USAGE)
+    heads = EventHeads()
+    for i in range(0, len(stream), 1000):
+        heads.track(stream[i:i + 1000])
+    assert heads.head.startswith(b"event: response.completed")
+    assert RESPONSES.is_stream_end(heads.head, stream[-1000:])
+
+
+def test_a_data_only_stream_with_the_type_last_ends_too() -> None:
+    event = b'data: {"response": {"id": "resp_1"}, "type": "response.completed"}\n\n'
+    heads = EventHeads()
+    heads.track(b'data: {"type": "response.created"}\n\n' + event)
+    assert RESPONSES.is_stream_end(heads.head, event)
 
 
 @pytest.mark.parametrize("text", [
-    pytest.param('event: message_stop', id="the-event-line-as-text"),
+    pytest.param("event: message_stop\n", id="the-event-line-as-text"),
     pytest.param('"type":"message_stop"', id="the-type-as-text"),
 ])
 def test_a_token_that_spells_the_end_does_not_end_a_stream(text: str) -> None:
     event = MessagesWire("m").delta(text)
-    assert not ANTHROPIC.is_stream_end(event, b"")
+    heads = EventHeads()
+    heads.track(event)
+    assert not ANTHROPIC.is_stream_end(heads.head, event)
 
 
 @pytest.mark.parametrize(("api", "tail", "num_events", "prompt", "cached", "output"), [
