@@ -60,8 +60,8 @@ def fleet(tmp_path: Path) -> Iterator[tuple[Gateway, int, int]]:
         start_redis(group, tmp_path, replica_port)
         replica = redis.Redis(port=replica_port, socket_timeout=1)
         replica.execute_command("REPLICAOF", "127.0.0.1", str(primary_port))
-        assert wait_until(lambda: b"master_link_status:up" in replica.execute_command(
-            "INFO", "replication"), timeout_s=10)
+        assert wait_until(lambda: replica.info("replication").get("master_link_status")
+                          == "up", timeout_s=10)
         sentinel_port = _sentinel(group, tmp_path, primary_port)
         assert wait_until(lambda: _primary_port(sentinel_port) == primary_port, timeout_s=10)
         engine = Engine(group, "sentinel-engine")
