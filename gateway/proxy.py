@@ -62,6 +62,7 @@ _CHAT_API_ROUTES = frozenset({"messages", "count_tokens", "responses"})
 _CORE_ROUTES = frozenset({"chat", "completions"})
 _FORWARDED_HEADERS = ("traceparent", "tracestate", "accept")
 MODEL_HEADER = "x-switchyard-model"  # the served model: the one asked for, or an alias's
+COUNTED_BY_HEADER = "x-switchyard-counted-by"  # "gateway": count_tokens answered here
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                 "X-Accel-Buffering": "no"}
 
@@ -184,6 +185,12 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
                                                   tier, principal, own_id, served)
                     break
                 except APIError as exc:
+                    counted = (_counted_here(request, gw, parsed, served)
+                               if exc.code == "unsupported_endpoint" and route == "count_tokens"
+                               else None)
+                    if counted is not None:
+                        response = counted
+                        break
                     if index + 1 == len(candidates) or not _falls_back(exc):
                         raise (first_error or exc) from None
                     first_error = first_error or exc
@@ -224,6 +231,22 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
             if gw.request_log.include_prompt:
                 record["prompt"] = gw.request_log.prompt_of(parsed_body)
             gw.request_log.write(record)
+
+
+def _counted_here(request: web.Request, gw: Gateway, parsed: CompletionRequest,
+                  served: str) -> web.Response | None:
+    """Anthropic's ``count_tokens`` answered by the gateway, for an engine without it, when
+    ``routing.tokenizers`` gives the model's tokenizer: the rendered system + messages, counted
+    as routing counts them (and as switchyard's engines do); None without a tokenizer."""
+    if served not in gw.router.tokenizers:
+        return None
+    request_plan = gw.router.describe(served, parsed.routing_body, None).request
+    if not request_plan.is_exact_count:
+        return None  # too long to tokenize here: the engine's to count
+    return web.json_response(
+        {"input_tokens": request_plan.num_prompt_tokens},
+        headers={MODEL_HEADER: served, "x-request-id": request[REQUEST_ID],
+                 COUNTED_BY_HEADER: "gateway"})
 
 
 def _plan_for(gw: Gateway, route: str, parsed: CompletionRequest, num_input_tokens: int,

@@ -51,7 +51,7 @@ def gateway(workdir: Path, redis_url: str) -> Iterator[Gateway]:
             {"name": "chat-only", "url": f"http://127.0.0.1:{chat_only_port}",
              "models": [CHAT_ONLY]}],
             routing={"discover_workers": False, "expose_backend_header": True,
-                     "tokenizers": {SIM: "real"}},
+                     "tokenizers": {SIM: "real", CHAT_ONLY: "real"}},
             usage={"flush_interval_s": 0.2})
 
 
@@ -298,3 +298,18 @@ def test_usage_is_charged_as_each_api_reported_it(gateway: Gateway) -> None:
     found = total()
     assert (found["prompt_tokens"], found["cached_tokens"], found["output_tokens"]) == (
         prompt, cached, output)
+
+
+def test_count_tokens_for_an_engine_without_it_is_answered_by_the_gateway(
+        gateway: Gateway) -> None:
+    """The chat-only engine has no /v1/messages/count_tokens; the gateway has the model's
+    tokenizer (routing.tokenizers), so it counts the rendered prompt itself, as the simulated
+    engine (the same tokenizer and template) counts it."""
+    client = _anthropic(gateway)
+    turns = [{"role": "user", "content": "How many tokens is this?"}]
+    raw = client.messages.with_raw_response.count_tokens(model=CHAT_ONLY, system="Be brief.",
+                                                         messages=turns)  # type: ignore
+    assert raw.headers["x-switchyard-counted-by"] == "gateway"
+    by_engine = client.messages.count_tokens(model=SIM, system="Be brief.",
+                                             messages=turns)  # type: ignore[arg-type]
+    assert raw.parse().input_tokens == by_engine.input_tokens > 0
