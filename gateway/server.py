@@ -27,7 +27,7 @@ from gateway.context import CONFIG_PATH, GATEWAY, Gateway
 from gateway.errors import error_body
 from gateway.handlers import serve_own_metrics
 from gateway.observe.logs import RateLimitFilter
-from gateway.proxy import DrainDeadline
+from gateway.relay import DrainDeadline
 from gateway.reload import reload_from_signal
 from gateway.settings import Settings
 from gateway.workers import WORKER_ROLE, WorkerRole
