@@ -33,6 +33,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from backends.redis_url import REDIS_ERRORS
 from routing.prefix import HASH_VERSION
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class KvPublisher:
                 if now >= next_heartbeat:
                     await self.heartbeat(load())
                     next_heartbeat = now + self._heartbeat_interval_s
-            except (RedisError, OSError) as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("worker %s cannot reach Redis: %s", self.identity.worker_id, exc)
                 await asyncio.sleep(min(1.0, self._heartbeat_interval_s))
             await asyncio.sleep(self._flush_interval_s)

@@ -13,22 +13,39 @@ option ``sentinel_password`` (and ``sentinel_username``) the sentinels' own. The
 the sentinels for the current primary when it connects, and again after a connection fails,
 so a failover is followed without a restart. Every command goes to the primary.
 
+A Redis Cluster is named by some of its nodes (port 6379 unless given); the client learns the
+rest, and each slot's primary, from them, and follows failovers and resharding by itself::
+
+    redis+cluster://[USER[:PASSWORD]@]HOST[:PORT][,HOST[:PORT]...][/0]
+    rediss+cluster://...             # TLS to every node
+
 Example::
 
     redis = redis_from_url("redis+sentinel://10.0.0.1,10.0.0.2,10.0.0.3/switchyard/0",
                            socket_timeout=2.0)
+    cluster = redis_from_url("redis+cluster://10.0.0.1:7000,10.0.0.2:7000")
+    is_cluster(cluster)   # True: multi-key commands must stay within one hash slot
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import RedisClusterException, RedisError
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SENTINEL_PORT = 26379
+REDIS_PORT = 6379
+
+# What a Redis that is away raises: redis-py's errors, a socket's, and a cluster client's when
+# it reaches no node at all (``RedisClusterUnreachableError`` is not a ``RedisError``). A
+# timeout is an ``OSError``.
+REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, RedisClusterException, OSError)
 
 
 class RedisUrlError(ValueError):
@@ -39,26 +56,20 @@ def is_sentinel_url(url: str) -> bool:
     return url.partition("://")[0].lower() in SENTINEL_SCHEMES
 
 
+def is_cluster_url(url: str) -> bool:
+    return url.partition("://")[0].lower() in CLUSTER_SCHEMES
+
+
+def is_cluster(redis: object) -> bool:
+    """Whether ``redis`` is a Redis Cluster client."""
+    return isinstance(redis, RedisCluster)
+
+
 def sentinel_parts(url: str) -> tuple[list[tuple[str, int]], str, int, dict[str, Any],
                                       dict[str, Any]]:
     """(sentinels, service, db, the primary's connection options, the sentinels' options)."""
     parts = urlsplit(url)
-    credentials, _, hosts = parts.netloc.rpartition("@")
-    sentinels = []
-    for item in (h.strip() for h in hosts.split(",")):
-        if item.startswith("["):  # [IPv6]:port
-            host, _, rest = item[1:].partition("]")
-            port = rest.removeprefix(":")
-        else:
-            host, _, port = item.partition(":")
-        if not host:
-            raise RedisUrlError(f"{_redacted(url)}: a sentinel has no host; list them as "
-                                "HOST[:PORT],HOST[:PORT]")
-        try:
-            sentinels.append((host, int(port) if port else SENTINEL_PORT))
-        except ValueError:
-            raise RedisUrlError(f"{_redacted(url)}: sentinel port {port!r} is not a "
-                                "number") from None
+    sentinels = _hosts(url, SENTINEL_PORT, "sentinel")
     path = [p for p in parts.path.split("/") if p]
     if not path or len(path) > 2:
         raise RedisUrlError(f"{_redacted(url)}: name the monitored service after the hosts: "
@@ -68,26 +79,80 @@ def sentinel_parts(url: str) -> tuple[list[tuple[str, int]], str, int, dict[str,
     except ValueError:
         raise RedisUrlError(f"{_redacted(url)}: the database {path[1]!r} is not a "
                             "number") from None
-    primary: dict[str, Any] = {}
+    options = _options(url, {"sentinel_password", "sentinel_username"})
+    own = {key.removeprefix("sentinel_"): value for key, value in options.items()}
+    return sentinels, path[0], db, _credentials(url), own
+
+
+def cluster_parts(url: str) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """(the nodes to start from, the connection options of every node)."""
+    parts = urlsplit(url)
+    nodes = _hosts(url, REDIS_PORT, "node")
+    if parts.path.strip("/") not in ("", "0"):
+        raise RedisUrlError(f"{_redacted(url)}: a Redis Cluster has only database 0; end the "
+                            "URL after the nodes (or with /0)")
+    _options(url, set())
+    return nodes, _credentials(url)
+
+
+def _hosts(url: str, default_port: int, what: str) -> list[tuple[str, int]]:
+    """The comma-separated ``HOST[:PORT]`` list of ``url`` (``[IPv6]:PORT`` too)."""
+    hosts = urlsplit(url).netloc.rpartition("@")[2]
+    found = []
+    for item in (h.strip() for h in hosts.split(",")):
+        if item.startswith("["):  # [IPv6]:port
+            host, _, rest = item[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            host, _, port = item.partition(":")
+        if not host:
+            raise RedisUrlError(f"{_redacted(url)}: a {what} has no host; list them as "
+                                "HOST[:PORT],HOST[:PORT]")
+        try:
+            found.append((host, int(port) if port else default_port))
+        except ValueError:
+            raise RedisUrlError(f"{_redacted(url)}: {what} port {port!r} is not a "
+                                "number") from None
+    return found
+
+
+def _credentials(url: str) -> dict[str, Any]:
+    """The data nodes' connection options: user, password, TLS."""
+    parts = urlsplit(url)
+    credentials = parts.netloc.rpartition("@")[0]
+    found: dict[str, Any] = {}
     if credentials:
         user, has_password, password = credentials.partition(":")
         if user:
-            primary["username"] = unquote(user)
+            found["username"] = unquote(user)
         if has_password:
-            primary["password"] = unquote(password)
+            found["password"] = unquote(password)
     if parts.scheme.lower().startswith("rediss"):
-        primary["ssl"] = True
-    options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
-    unknown = set(options) - {"sentinel_password", "sentinel_username"}
+        found["ssl"] = True
+    return found
+
+
+def _options(url: str, known: set[str]) -> dict[str, str]:
+    options = {key: values[-1] for key, values in parse_qs(urlsplit(url).query).items()}
+    unknown = set(options) - known
     if unknown:
+        understood = (", ".join(sorted(known)) + " are understood") if known else \
+            "this form takes none"
         raise RedisUrlError(f"{_redacted(url)}: unknown option(s) {sorted(unknown)}; "
-                            "sentinel_password and sentinel_username are understood")
-    own = {key.removeprefix("sentinel_"): value for key, value in options.items()}
-    return sentinels, path[0], db, primary, own
+                            f"{understood}")
+    return options
 
 
 def redis_from_url(url: str, **kwargs: Any) -> aioredis.Redis:
-    """A client for ``url``; ``kwargs`` (timeouts, ...) apply to every connection."""
+    """A client for ``url``; ``kwargs`` (timeouts, ...) apply to every connection.
+
+    For a ``redis+cluster://`` URL the client is a `RedisCluster`, which takes the same
+    commands (typed as ``Redis`` here so that callers need no cast; `is_cluster` tells it)."""
+    if is_cluster_url(url):
+        nodes, options = cluster_parts(url)
+        cluster = RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in nodes],
+                               **options, **kwargs)
+        return cast(aioredis.Redis, cluster)
     if not is_sentinel_url(url):
         return aioredis.Redis.from_url(url, **kwargs)
     sentinels, service, db, primary, own = sentinel_parts(url)

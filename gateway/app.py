@@ -19,7 +19,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractMatchInfo
 from aiohttp.web_urldispatcher import MatchInfoError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from admission.fair_queue import FairQueueConfig
 from admission.quota.types import QuotaStoreLike
@@ -30,6 +30,7 @@ from backends.fleet.health import HealthChecker
 from backends.fleet.registry import BackendRegistry
 from backends.fleet.sync import FleetSync
 from backends.fleet.upstream import UpstreamClient
+from backends.redis_url import REDIS_ERRORS
 from gateway import admin, handlers, openapi, proxy
 from gateway.apis import ANTHROPIC
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
@@ -83,7 +84,8 @@ async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
         response = _error_response(request, from_http_exception(exc, request.path, max_body))
     except (asyncio.CancelledError, ConnectionResetError):
         raise
-    except RedisError as exc:  # the admin API, or any path that needs Redis while it is away
+    # The admin API, or any path that needs Redis while it is away.
+    except (RedisError, RedisClusterException) as exc:
         log.warning("Redis unreachable serving %s %s: %s", request.method, request.path, exc)
         response = _error_response(request, APIError.unavailable(
             "The gateway's state store (Redis) is unreachable; retry shortly.", 2,
@@ -237,7 +239,7 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             router.on_record = approx_sync.record
             try:
                 await approx_sync.catch_up()
-            except (RedisError, OSError) as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("approximate index: cannot catch up from Redis yet: %s", exc)
             tasks.append(asyncio.create_task(approx_sync.run(), name="approx-index-sync"))
         discover_workers = settings.routing.discover_workers and redis is not None

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
+from backends.redis_url import REDIS_ERRORS
 from gateway.errors import APIError
 from gateway.keystore import INVALIDATION_CHANNEL
 from gateway.tenancy import ApiKey, KeyStoreLike, Tenant, is_imported_shape, parse_key
@@ -159,7 +159,7 @@ class Authenticator:
                 key, tenant = await self._store.lookup_digest(cache_key)
             else:
                 key, tenant = await self._store.lookup(cache_key)
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             if stale is not None:
                 # never log a digest: without key_secret it is the key's bare SHA-256
                 label = stale.key.id if stale.key else "(unknown)" if by_digest else cache_key
@@ -206,7 +206,7 @@ class Authenticator:
                     if message.get("type") == "message":
                         data = message["data"]
                         self.invalidate(data.decode() if isinstance(data, bytes) else str(data))
-            except (RedisError, OSError) as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("auth invalidation channel lost (%s); reconnecting", exc)
             finally:
                 self.is_subscribed = False

@@ -8,8 +8,8 @@ import time
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from redis.exceptions import RedisError
 
+from backends.redis_url import REDIS_ERRORS
 from gateway.auth import credentials
 from gateway.context import GATEWAY, Gateway
 from gateway.errors import APIError
@@ -57,7 +57,7 @@ async def readyz(request: web.Request) -> web.Response:
         try:
             async with asyncio.timeout(0.5):
                 await gw.redis.ping()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_ERRORS as exc:
             problems.append(f"Redis unreachable ({exc.__class__.__name__})")
     healthy = [b.name for b in gw.registry.backends if b.is_healthy]
     if not healthy:

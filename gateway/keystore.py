@@ -139,11 +139,12 @@ class KeyStore:
         record, plaintext = mint_key(tenant_id, digest=self.digest, name=name,
                                      expires_at=expires_at, tier=tier)
         key_id = record.id
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(api_key_key(key_id), "doc", _dump_key(record))
-            pipe.sadd(tenant_keys_key(tenant_id), key_id)
-            pipe.publish(INVALIDATION_CHANNEL, f"key {key_id}")
-            await pipe.execute()
+        # The tenant's index first, then the record: a failure between them leaves an id that
+        # names no key (listing skips it), never a key its tenant does not list. No MULTI: the
+        # two sit in different hash slots, which a Redis Cluster refuses in one transaction.
+        await self._redis.sadd(tenant_keys_key(tenant_id), key_id)
+        await self._redis.hset(api_key_key(key_id), "doc", _dump_key(record))
+        await self._redis.publish(INVALIDATION_CHANNEL, f"key {key_id}")
         return record, plaintext
 
     async def import_key(
@@ -171,7 +172,8 @@ class KeyStore:
             if parsed is None:
                 await self._redis.delete(index)
             raise KeyError(key_id)
-        async with self._redis.pipeline(transaction=True) as pipe:
+        # Not a transaction (the keys span slots); the record is already stored.
+        async with self._redis.pipeline(transaction=False) as pipe:
             pipe.sadd(tenant_keys_key(tenant_id), key_id)
             pipe.publish(INVALIDATION_CHANNEL, f"key {key_id}")
             pipe.publish(INVALIDATION_CHANNEL, f"digest {digest}")  # a cached "no such key"

@@ -23,7 +23,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic import model_validator as _model_validator
 
-from backends.redis_url import RedisUrlError, is_sentinel_url, sentinel_parts
+from backends.redis_url import (
+    RedisUrlError,
+    cluster_parts,
+    is_cluster_url,
+    is_sentinel_url,
+    sentinel_parts,
+)
 from routing.aliases import Alias, alias_problems
 
 ENV_PREFIX = "SWITCHYARD_"
@@ -328,7 +334,8 @@ class Settings(_Strict):
         "worker discovery or approximate-index sharing; redis_url unused)")
     redis_url: str = Field(
         "redis://127.0.0.1:6379/0", description="redis://, rediss://, unix://, or "
-        "redis+sentinel://HOST[:PORT],.../SERVICE[/DB] for a Sentinel-managed primary")
+        "redis+sentinel://HOST[:PORT],.../SERVICE[/DB] for a Sentinel-managed primary, or "
+        "redis+cluster://HOST[:PORT],... for a Redis Cluster (rediss+ for TLS)")
     admin_token: SecretStr | None = None
     key_secret: SecretStr | None = Field(
         None, description="HMAC secret for API key hashes; without it keys are hashed with SHA-256"
@@ -351,11 +358,13 @@ class Settings(_Strict):
     @field_validator("redis_url")
     @classmethod
     def _check_redis_url(cls, value: str) -> str:
-        if is_sentinel_url(value):
-            try:
+        try:
+            if is_sentinel_url(value):
                 sentinel_parts(value)
-            except RedisUrlError as exc:
-                raise ValueError(str(exc)) from None
+            elif is_cluster_url(value):
+                cluster_parts(value)
+        except RedisUrlError as exc:
+            raise ValueError(str(exc)) from None
         return value
 
     @field_validator("admin_token")

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
+from backends.redis_url import REDIS_ERRORS
 from gateway.settings import PriceSettings, UsageSettings
 
 log = logging.getLogger(__name__)
@@ -187,7 +187,7 @@ class UsageBook:
                 try:
                     await self._apply(keys=[usage_key(batch.tenant_id, batch.hour), marker],
                                       args=args)
-                except (RedisError, OSError) as exc:
+                except REDIS_ERRORS as exc:
                     self.num_flush_failures += 1
                     self._bound_unsent()
                     log.warning("usage: cannot add charges to Redis (%s); %d fields wait "

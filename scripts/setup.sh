@@ -33,6 +33,8 @@ fi
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || missing+=(redis-server)
+# redis-cli creates the test suite's Redis Cluster (redis-server's package depends on it).
+command -v redis-cli >/dev/null 2>&1 || [ -x /usr/bin/redis-cli ] || missing+=(redis-tools)
 [ -x .venv/bin/python ] || "$PY" -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]} with apt-get" >&2

@@ -58,6 +58,7 @@ from admission.quota.types import (
     QuotaLimits,
     normalize_limit,
 )
+from backends.redis_url import REDIS_ERRORS
 
 __all__ = ["FailMode", "QuotaDecision", "QuotaLimits", "QuotaStore", "quota_keys"]
 
@@ -583,7 +584,7 @@ class QuotaStore:
                     reply = await (batcher.run_deferred(script, keys, args, self.settle_delay_s)
                                    if deferrable and self.settle_delay_s > 0
                                    else batcher.run(script, keys, args))
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_ERRORS as exc:
             self._on_error(exc)
             return None
         if self._outage_started is not None:

@@ -32,9 +32,9 @@ import time
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from backends.publisher import pack_hashes, unpack_hashes
+from backends.redis_url import REDIS_ERRORS
 from routing.index_approx import MIN_TTL_S, ApproxPrefixIndex
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class ApproxIndexSync:
                     self._merge(entries)
                     if entries:
                         self._last_id = entries[-1][0]
-            except (RedisError, OSError) as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("approximate index sync: %s", exc)
                 await asyncio.sleep(1.0)
 

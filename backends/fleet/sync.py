@@ -7,7 +7,10 @@
 - **Load.** From heartbeats for switchyard workers; for other engines, by scraping their
   ``/metrics`` (vLLM's names, or SGLang's) every ``scrape_interval_s``.
 - **KV residency.** Each heartbeat worker's KV-event stream feeds the exact prefix index: the
-  snapshot first (``sy:kvsnap:{id}``), then the stream after the snapshot's id.
+  snapshot first (``sy:kvsnap:{id}``), then the stream after the snapshot's id. On one Redis a
+  single blocking ``XREAD`` follows every stream; on a Redis Cluster, where each worker's stream
+  sits in its own hash slot, one pipelined non-blocking ``XREAD`` per stream is sent every
+  ``CLUSTER_KV_POLL_S`` (the cluster client sends each node its share at once).
 
 Without Redis (``redis=None``: a single gateway keeping its state in memory) only the listed
 engines are followed, by scraping and profile discovery; Redis is never touched.
@@ -30,7 +33,6 @@ from typing import Any
 import aiohttp
 import orjson
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from backends.fleet.profiles import (
     INFERRED_SOURCE,
@@ -53,6 +55,7 @@ from backends.publisher import (
     unpack_hashes,
     worker_key,
 )
+from backends.redis_url import REDIS_ERRORS, is_cluster
 from routing.index_exact import ExactPrefixIndex
 from routing.types import BackendProfile
 
@@ -77,6 +80,7 @@ _PROFILE_PAGES: tuple[tuple[str, Callable[[Any], ProfileFacts]], ...] = (
 
 KvIndex = ExactPrefixIndex
 RESTART_GRACE_S = 5.0  # a heartbeat's TTL: every live worker has beaten again by then
+CLUSTER_KV_POLL_S = 0.05  # on a Redis Cluster, the pause after a poll of the streams found nothing
 
 def parse_engine_metrics(text: str) -> dict[str, float]:
     """Running, waiting and KV usage from a vLLM or SGLang ``/metrics`` page, summed; a figure
@@ -148,7 +152,7 @@ class FleetSync:
         while True:
             try:
                 await step()
-            except (RedisError, OSError) as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("fleet sync: %s", exc)
             await asyncio.sleep(interval_s)
 
@@ -157,7 +161,7 @@ class FleetSync:
         """One membership poll that never fails start-up (Redis may be down)."""
         try:
             await self.poll_members()
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             log.warning("fleet sync: cannot read workers from Redis yet: %s", exc)
 
     async def poll_members(self) -> None:
@@ -165,12 +169,14 @@ class FleetSync:
         if redis is None:
             return  # no Redis: no heartbeating workers to find
         if self._redis_run_id is None:
-            info: Any = await redis.info("server")
-            self._redis_run_id = str(info.get("run_id", ""))
+            self._redis_run_id = await self._run_id()
         now_ms = time.time() * 1000
         members: Any = await redis.zrangebyscore(WORKERS_ZSET, now_ms - 60_000, "+inf")
         ids = [i.decode() for i in members]
-        docs = await redis.mget([worker_key(i) for i in ids]) if ids else []
+        keys = [worker_key(i) for i in ids]
+        # Each heartbeat is in its own hash slot: a cluster takes one MGET per slot.
+        docs: Any = (await redis.mget_nonatomic(keys) if is_cluster(redis)  # type: ignore[attr-defined]
+                     else await redis.mget(keys)) if ids else []
         alive: set[str] = set()
         for raw in docs:
             if raw is None:
@@ -193,9 +199,7 @@ class FleetSync:
         """Whether Redis restarted (a new run id) within the last heartbeat TTL: then every
         worker's heartbeat is missing at once, though each will beat again within its interval
         (removing them answered 404 model_not_found until then)."""
-        assert self._redis is not None
-        info: Any = await self._redis.info("server")
-        run_id = str(info.get("run_id", ""))
+        run_id = await self._run_id()
         now_s = time.monotonic()
         if self._redis_run_id is not None and run_id != self._redis_run_id:
             log.warning("fleet sync: Redis restarted; keeping its %d heartbeat workers for %.0f "
@@ -204,6 +208,18 @@ class FleetSync:
             self._restart_grace_until_s = now_s + RESTART_GRACE_S
         self._redis_run_id = run_id
         return now_s < self._restart_grace_until_s
+
+    async def _run_id(self) -> str:
+        """The Redis server's run id; on a cluster, the node that holds ``sy:workers`` (the
+        heartbeats that vanish at once when it restarts empty are spread over every node, but
+        the set that lists them is there)."""
+        assert self._redis is not None
+        if is_cluster(self._redis):
+            node = self._redis.get_node_from_key(WORKERS_ZSET)  # type: ignore[attr-defined]
+            info: Any = await self._redis.info("server", target_nodes=node)
+        else:
+            info = await self._redis.info("server")
+        return str(info.get("run_id", ""))
 
     def _upsert(self, doc: dict[str, Any], age_s: float) -> str:
         url = str(doc["url"]).rstrip("/")
@@ -330,7 +346,7 @@ class FleetSync:
         while True:
             try:
                 await self._consume_once()
-            except (RedisError, OSError) as exc:
+            except REDIS_ERRORS as exc:
                 log.warning("fleet KV events: %s", exc)
                 await asyncio.sleep(1.0)
 
@@ -351,7 +367,8 @@ class FleetSync:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._streams_changed.wait(), self._poll_interval_s)
             return
-        replies: Any = await redis.xread(dict(streams), count=1000, block=200)
+        replies: Any = (await self._xread_each(redis, streams) if is_cluster(redis)
+                        else await redis.xread(dict(streams), count=1000, block=200))
         for stream, entries in replies or []:
             owner = names_by_stream.get(stream.decode() if isinstance(stream, bytes) else stream)
             if owner is None or owner not in self._stream_ids:
@@ -361,6 +378,18 @@ class FleetSync:
                 if kind in ("stored", "removed", "cleared"):
                     self._index.apply(owner, kind, unpack_hashes(fields[b"h"]))
                 self._stream_ids[owner] = entry_id
+
+    @staticmethod
+    async def _xread_each(redis: aioredis.Redis, streams: dict[Any, Any]) -> list[Any]:
+        """``XREAD`` of each stream on its own (a cluster refuses one over several slots),
+        pipelined; a pause of ``CLUSTER_KV_POLL_S`` when none had anything new."""
+        async with redis.pipeline(transaction=False) as pipe:
+            for key, after in streams.items():
+                pipe.xread({key: after}, count=1000)
+            found = [reply for replies in await pipe.execute() for reply in replies or []]
+        if not any(entries for _, entries in found):
+            await asyncio.sleep(CLUSTER_KV_POLL_S)
+        return found
 
     async def _load_snapshot(self, name: str) -> None:
         assert self._index is not None and self._redis is not None

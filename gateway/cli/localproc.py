@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import shutil
 import signal
 import socket
@@ -128,13 +129,15 @@ def redis_server_path() -> str:
     return path
 
 
-def start_redis(group: ProcessGroup, workdir: Path, port: int | None = None) -> str:
-    """Start a private, memory-only redis-server on loopback; return its URL once it answers."""
+def start_redis(group: ProcessGroup, workdir: Path, port: int | None = None,
+                extra: Sequence[str] = ()) -> str:
+    """Start a private, memory-only redis-server on loopback; return its URL once it answers.
+    ``extra`` adds command-line options."""
     port = port or free_port()
     argv = [
         redis_server_path(), "--port", str(port), "--bind", "127.0.0.1",
         "--save", "", "--appendonly", "no", "--dir", str(workdir),
-        "--protected-mode", "yes", "--loglevel", "warning",
+        "--protected-mode", "yes", "--loglevel", "warning", *extra,
     ]
     group.spawn(f"redis-{port}", argv)
     deadline = time.monotonic() + 10
@@ -145,6 +148,62 @@ def start_redis(group: ProcessGroup, workdir: Path, port: int | None = None) -> 
                 return f"redis://127.0.0.1:{port}/0"
         time.sleep(0.05)
     raise RuntimeError(f"redis-server did not start on port {port}")
+
+
+def start_redis_cluster(group: ProcessGroup, workdir: Path, primaries: int = 3,
+                        replicas: int = 0, node_timeout_ms: int = 1000) -> tuple[str, list[int]]:
+    """Start a private Redis Cluster on loopback: ``primaries`` nodes sharing the 16,384 slots,
+    each with ``replicas`` replicas, joined by ``redis-cli --cluster create``. Returns its
+    ``redis+cluster://`` URL (every node listed) and the nodes' ports, primaries first."""
+    ports = [_cluster_port() for _ in range(primaries * (1 + replicas))]
+    for port in ports:
+        start_redis(group, workdir, port, extra=[
+            "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
+            "--cluster-node-timeout", str(node_timeout_ms), "--repl-diskless-sync-delay", "0"])
+    cli = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+    created = subprocess.run(
+        [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+         "--cluster-replicas", str(replicas), "--cluster-yes"],
+        capture_output=True, text=True, timeout=60, check=False)
+    if created.returncode != 0:
+        raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout[-2000:]}"
+                           f"{created.stderr[-2000:]}")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        # Ready when every node serves every slot and every replica holds its primary's data
+        # (a replica that never synced cannot be promoted).
+        states = [_node_info(port, "CLUSTER INFO", "cluster_state") for port in ports]
+        links = [_node_info(port, "INFO replication", "master_link_status") for port in ports]
+        if all(s == "ok" for s in states) and links.count("up") == primaries * replicas:
+            return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports), ports
+        time.sleep(0.1)
+    raise RuntimeError(f"the Redis Cluster on ports {ports} did not become ready")
+
+
+def _cluster_port(attempts: int = 200) -> int:
+    """A free port for a cluster node whose bus port (10,000 above) is free too; both below
+    the kernel's ephemeral range (32768 up), so no client connection takes them meanwhile."""
+    for _ in range(attempts):
+        port = random.randrange(12_000, 22_000)
+        try:
+            with socket.socket() as first, socket.socket() as second:
+                first.bind(("127.0.0.1", port))
+                second.bind(("127.0.0.1", port + 10_000))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair for a Redis Cluster node between 12000 and 32000")
+
+
+def _node_info(port: int, command: str, field: str) -> str:
+    """One ``field:value`` of a Redis node's INFO-like reply to ``command``, or ``""``."""
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5) as s:
+        s.sendall(command.encode() + b"\r\n")
+        reply = s.recv(8192).decode("ascii", "replace")
+        for line in reply.splitlines():
+            if line.startswith(field + ":"):
+                return line.partition(":")[2].strip()
+    return ""
 
 
 class Stopped(Exception):

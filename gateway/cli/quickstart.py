@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from redis.exceptions import RedisError
 
+from backends.redis_url import REDIS_ERRORS
 from gateway.context import GATEWAY, Gateway
 from gateway.engine_discovery import DiscoveredEngine, DiscoveryError, check_urls, discover_engines
 from gateway.settings import ConfigError, Settings, load_settings
@@ -140,7 +140,7 @@ async def _ensure_default_tenant(gw: Gateway) -> str:
             models=[ALL_MODELS], limits=Limits(**settings.default_limits.model_dump()))
     except KeyError:
         return "already stored: kept as it is"
-    except (RedisError, OSError) as exc:
+    except REDIS_ERRORS as exc:
         return f"not created: Redis did not answer ({type(exc).__name__}); create it later"
     return f"created: every model, tier {settings.default_tier}"
 
