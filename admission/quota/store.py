@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -627,7 +628,9 @@ class QuotaStore:
                   request_id: str) -> QuotaDecision:
         if self.fail_mode == "closed":
             self.num_fail_closed += 1
-            return _UNAVAILABLE
+            # Redis is tried again after outage_retry_s: the client may come back then.
+            return dataclasses.replace(
+                _UNAVAILABLE, retry_after_ms=max(1, round(self._outage_retry_s * 1000)))
         self.num_fail_open += 1
         return self._local.acquire(tenant_id, limits, tokens=tokens, request_id=request_id,
                                    now_s=self._clock())

@@ -146,7 +146,8 @@ class QuotaDecision:
                     f"requested {self.requested_tokens} (prompt or input, and max_tokens). Lower "
                     "max_tokens or shorten the prompt or input.")
         if self.refused_by == "unavailable":
-            return "The quota service is unavailable; please retry shortly."
+            return ("The quota service (Redis) is unavailable; this tenant's limits cannot be "
+                    f"checked.{wait or ' Please retry shortly.'}")
         return "Allowed."
 
 

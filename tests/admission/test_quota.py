@@ -199,6 +199,8 @@ async def test_outage_never_hangs(fail_mode: FailMode, is_silent: bool, silent_p
     else:
         assert {(d.http_status, d.refused_by) for d in decisions} == {(503, "unavailable")}
         assert "unavailable" in first.message() and store.counters()["num_fail_closed"] == 4
+        # Retry when Redis is tried again (outage_retry_s, 1 s by default).
+        assert first.headers()["retry-after"] == "1" and "try again in 1s" in first.message()
     await client.aclose()
 
 

@@ -42,6 +42,8 @@ REFUSED = QuotaDecision(is_allowed=False, refused_by="requests", retry_after_ms=
     }, id="refused-requests-only"),
     pytest.param(QuotaDecision(is_allowed=False, refused_by="unavailable"), {},
                  id="unavailable"),
+    pytest.param(QuotaDecision(is_allowed=False, refused_by="unavailable", retry_after_ms=1000),
+                 {"retry-after": "1", "retry-after-ms": "1000"}, id="unavailable-fail-closed"),
 ])
 def test_headers(decision: QuotaDecision, headers: dict[str, str]) -> None:
     assert decision.headers() == headers

@@ -30,8 +30,8 @@ from gateway.cli.localproc import (
     start_redis_cluster,
     wait_http,
 )
-from tests.fleet import MODEL as MOCK_MODEL
 from tests.fleet import ADMIN_TOKEN, Engine, Gateway, wait_until
+from tests.fleet import MODEL as MOCK_MODEL
 
 SIM_MODEL = "switchyard-sim"
 
@@ -139,11 +139,15 @@ def _primary_ports(ports: list[int]) -> list[int]:
     return found
 
 
+@pytest.mark.parametrize("fail_mode", ["open", "closed"])
 def test_a_primary_fails_over_under_load(cluster: tuple[ProcessGroup, str, list[int]],
-                                         tmp_path: Path) -> None:
+                                         tmp_path: Path, fail_mode: str) -> None:
+    """Open: every request is admitted through the failover. Closed: a limited tenant's
+    requests get 503 with Retry-After while its quota's primary is away, and none after."""
     group, url, ports = cluster
     engine = Engine(group, "cluster-engine")
-    gateway = Gateway(group, tmp_path, url, [engine.backend_config()])
+    gateway = Gateway(group, tmp_path, url, [engine.backend_config()],
+                      admission={"fail_mode": fail_mode})
     # max_concurrent 1, used one request at a time: a lease left behind refuses the next.
     key = gateway.new_key(limits={"requests_per_minute": 100_000, "max_concurrent": 1})
     assert _chat(gateway, key, MOCK_MODEL).status_code == 200
@@ -154,11 +158,15 @@ def test_a_primary_fails_over_under_load(cluster: tuple[ProcessGroup, str, list[
     victim: Any = client.get_node_from_key(tenant_slot_key)  # type: ignore[no-untyped-call]
     assert victim is not None
     statuses: list[int] = []
+    refusals: list[httpx.Response] = []
     stop = threading.Event()
 
     def load() -> None:  # bounded: until stopped, and at most 2,000 requests
         while not stop.is_set() and len(statuses) < 2000:
-            statuses.append(_chat(gateway, key, MOCK_MODEL).status_code)
+            response = _chat(gateway, key, MOCK_MODEL)
+            statuses.append(response.status_code)
+            if response.status_code != 200:
+                refusals.append(response)
             time.sleep(0.005)
 
     loader = threading.Thread(target=load)
@@ -173,7 +181,13 @@ def test_a_primary_fails_over_under_load(cluster: tuple[ProcessGroup, str, list[
     finally:
         stop.set()
         loader.join(timeout=30)
-    assert len(statuses) > 20 and set(statuses) == {200}, sorted(set(statuses))
+    if fail_mode == "open":
+        assert len(statuses) > 20 and set(statuses) == {200}, sorted(set(statuses))
+    else:
+        assert statuses.count(200) > 20 and set(statuses) <= {200, 503}, sorted(set(statuses))
+        assert all(r.headers.get("Retry-After") and r.json()["error"]["message"]
+                   for r in refusals), [(r.headers, r.text) for r in refusals[:3]]
+        assert statuses[-5:] == [200] * 5, statuses[-20:]  # recovered on the promoted replica
     # No lease was left behind: the same one-at-a-time key is admitted every time.
     assert [_chat(gateway, key, MOCK_MODEL).status_code for _ in range(10)] == [200] * 10
 
