@@ -31,6 +31,7 @@ from gateway.cli.localproc import (
     free_port_range,
     python_module_argv,
     start_redis,
+    start_redis_cluster,
     wait_http,
 )
 from gateway.tenancy import new_secret
@@ -63,15 +64,17 @@ class GatewayProc:
 
 class LocalFleet:
     """A `ProcessGroup` logging to ``workdir``, a private Redis (unless ``redis_url`` names
-    one), and a fresh admin token and key secret; every child is stopped on exit, each given
-    ``grace_s`` after SIGTERM."""
+    one; a 3-primary Redis Cluster with ``redis_cluster``), and a fresh admin token and key
+    secret; every child is stopped on exit, each given ``grace_s`` after SIGTERM."""
 
     def __init__(self, workdir: Path, *, redis_url: str | None = None,
-                 grace_s: float = 10.0) -> None:
+                 grace_s: float = 10.0, redis_cluster: bool = False) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         self.group = ProcessGroup(log_dir=workdir)
         self.redis_url = redis_url or ""
+        self.redis_ports: list[int] = []  # a private cluster's nodes, primaries first
+        self._redis_cluster = redis_cluster
         self.admin_token = new_secret(24)
         self.key_secret = new_secret(32)
         self._grace_s = grace_s
@@ -79,7 +82,11 @@ class LocalFleet:
     def __enter__(self) -> Self:
         if not self.redis_url:
             try:
-                self.redis_url = start_redis(self.group, self.workdir)
+                if self._redis_cluster:
+                    self.redis_url, self.redis_ports = start_redis_cluster(self.group,
+                                                                           self.workdir)
+                else:
+                    self.redis_url = start_redis(self.group, self.workdir)
             except BaseException:
                 self.group.stop_all(grace_s=self._grace_s)
                 raise

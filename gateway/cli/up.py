@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="gateway listen address")
     parser.add_argument("--port", type=int, default=8080, help="gateway port")
     parser.add_argument("--redis-url", help="use this Redis instead of starting a private one")
+    parser.add_argument("--redis-cluster", action="store_true",
+                        help="start a private 3-primary Redis Cluster instead of one redis-server "
+                        "(needs redis-cli)")
     parser.add_argument("--workers", type=int, default=4, help="number of local engines")
     parser.add_argument("--engine", choices=("sim", "mock"), default="sim",
                         help="simulated GPU workers (default) or the trivial mock engine")
@@ -48,7 +51,11 @@ def run(args: argparse.Namespace) -> int:
                          "lacks: run `SWITCHYARD_WORKER=1 scripts/setup.sh` (the CPU build)")
     workdir = Path(tempfile.mkdtemp(prefix="switchyard-up-"))
     is_stopped = catch_stop_signals()
-    with LocalFleet(workdir, redis_url=args.redis_url) as fleet:
+    if args.redis_cluster and args.redis_url:
+        raise SystemExit("switchyard up: --redis-cluster starts a private cluster; give it or "
+                         "--redis-url (a redis+cluster:// URL for yours), not both")
+    with LocalFleet(workdir, redis_url=args.redis_url,
+                    redis_cluster=args.redis_cluster) as fleet:
         model = args.model or (SIM_MODEL if args.engine == "sim" else MOCK_MODEL)
         if args.workers < 0 or args.pytorch_workers < 0:
             raise SystemExit("switchyard up: --workers and --pytorch-workers must be >= 0")

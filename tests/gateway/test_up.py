@@ -186,3 +186,40 @@ def test_up_serves_the_demo_key_and_ctrl_c_stops_every_child() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_up_on_a_private_redis_cluster() -> None:
+    """`switchyard up --redis-cluster`: three cluster nodes, the worker joins through them and
+    the demo key answers; Ctrl-C stops every node."""
+    port = free_port()
+    proc = _start_up(port, "--workers", "1", "--tokenizer", "approx", "--redis-cluster")
+    try:
+        output = _read_until(proc, r"Ctrl-C stops everything", 90)
+        match = re.search(r"demo key: (sy-[0-9a-f]{16}-[A-Za-z0-9_-]{43})", output)
+        assert match, output
+        children = _children_of(proc.pid)
+        nodes = [c for c in children if "[cluster]" in _cmdline(c)]  # redis-server's title
+        assert len(nodes) == 3, [_cmdline(c)[:80] for c in children]
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=match.group(1),
+                               max_retries=0)
+        reply = client.chat.completions.create(
+            model="switchyard-sim", messages=[{"role": "user", "content": "hello there"}],
+            max_tokens=3)
+        assert reply.usage is not None and reply.usage.completion_tokens == 3
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_is_running(c) for c in nodes):
+            time.sleep(0.05)
+        assert not [c for c in nodes if _is_running(c)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
