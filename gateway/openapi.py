@@ -21,7 +21,8 @@ from aiohttp import web
 
 from admission.tiers import TIER_HEADER
 from gateway.admin import USAGE_GROUPS
-from gateway.openapi_schemas import Schema, component_schemas, ref
+from gateway.openapi_base import Schema, ref
+from gateway.openapi_schemas import component_schemas
 
 # A tenant's key as a bearer token, or in Anthropic's x-api-key header.
 TENANT: list[dict[str, list[str]]] = [{"tenantKey": []}, {"tenantKeyHeader": []}]

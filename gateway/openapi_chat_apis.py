@@ -10,20 +10,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
-
 from backends.chat_apis import MAX_MODEL_CHARS
-
-Schema = dict[str, Any]
-JSON_INT_MAX = 2**64 - 1  # orjson reads a larger integer as a float, which is refused
-
-
-def _ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _nullable(schema: Schema) -> Schema:
-    return {"anyOf": [schema, {"type": "null"}]}
+from gateway.openapi_base import JSON_INT_MAX, Schema, nullable
 
 
 def _count(low: int) -> Schema:
@@ -32,7 +20,7 @@ def _count(low: int) -> Schema:
 
 
 def _unit(high: float) -> Schema:
-    return _nullable({"type": "number", "minimum": 0, "maximum": high})
+    return nullable({"type": "number", "minimum": 0, "maximum": high})
 
 
 _MODEL: Schema = {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_CHARS,
@@ -62,9 +50,9 @@ def chat_api_schemas() -> dict[str, Schema]:
         "stream": _STREAM,
         "temperature": _unit(1),
         "top_p": _unit(1),
-        "top_k": _nullable(_count(0)),
-        "stop_sequences": _nullable({"type": "array", "items": {"type": "string"}}),
-        "metadata": _nullable({"type": "object", "properties": {"user_id": user_id}}),
+        "top_k": nullable(_count(0)),
+        "stop_sequences": nullable({"type": "array", "items": {"type": "string"}}),
+        "metadata": nullable({"type": "object", "properties": {"user_id": user_id}}),
     }
     message_item: Schema = {
         "type": "object", "required": ["role", "content"],
@@ -80,7 +68,7 @@ def chat_api_schemas() -> dict[str, Schema]:
             "additionalProperties": True},
         "MessagesCountTokensRequest": {
             "type": "object", "required": ["model", "messages"],
-            "properties": {**messages_fields, "max_tokens": _nullable(_count(1))},
+            "properties": {**messages_fields, "max_tokens": nullable(_count(1))},
             "additionalProperties": True},
         "ResponsesRequest": {
             "type": "object", "required": ["model"],
@@ -91,7 +79,7 @@ def chat_api_schemas() -> dict[str, Schema]:
                                     {"type": "array", "items": {"anyOf": [message_item,
                                                                           other_item]}}]},
                 "instructions": {"type": ["string", "null"]},
-                "max_output_tokens": _nullable(_count(1)),
+                "max_output_tokens": nullable(_count(1)),
                 "stream": _STREAM,
                 "temperature": _unit(2),
                 "top_p": _unit(1),
@@ -113,7 +101,7 @@ def chat_api_schemas() -> dict[str, Schema]:
                      "properties": {"id": {"type": "string"}, "object": {"const": "response"},
                                     "status": {"type": "string"},
                                     "output": {"type": "array"},
-                                    "usage": _nullable({"type": "object"})}},
+                                    "usage": nullable({"type": "object"})}},
         "AnthropicError": {
             "type": "object", "required": ["type", "error"],
             "properties": {"type": {"const": "error"}, "error": {

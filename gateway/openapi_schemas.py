@@ -10,29 +10,15 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
-
 from backends.embeddings import ENCODING_FORMATS, MAX_INPUTS
 from gateway.admin import KeyCreate, KeyImport, TenantCreate, TenantUpdate
+from gateway.openapi_base import JSON_INT_MAX, JSON_INT_MIN, Schema, nullable, ref
 from gateway.openapi_chat_apis import chat_api_schemas
 from gateway.tenancy import MAX_WEIGHT, MIN_WEIGHT
 from gateway.validation import _NUMERIC_FIELDS, _ROLES, MAX_TOKEN_ID
 
-Schema = dict[str, Any]
-
-# orjson reads an integer outside these bounds as a float, which an integer field refuses.
-JSON_INT_MIN = -(2**63)
-JSON_INT_MAX = 2**64 - 1
 MAX_MODEL_CHARS = 256
 MAX_STOP_STRINGS = 16
-
-
-def ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def nullable(schema: Schema) -> Schema:
-    return {"anyOf": [schema, {"type": "null"}]}
 
 
 def _numeric_fields() -> dict[str, Schema]:
