@@ -58,12 +58,16 @@ def create_app(config: MockEngineConfig) -> web.Application:
     return app
 
 
-async def _serve_completion(request: web.Request, is_chat: bool) -> web.StreamResponse:
+async def _serve_completion(request: web.Request, is_chat: bool,
+                            api: ChatApiName | None = None) -> web.StreamResponse:
+    """A completion, a chat, or (``api``) Anthropic's Messages (and its count_tokens) or
+    OpenAI's Responses: the chat path's generation and ``"mock"`` controls, in the API's wire
+    (``backends.api_http``)."""
     stats = request.app[STATS_KEY]
     stats.start()
     outcome: Outcome = "completed"
     try:
-        response, outcome = await _complete(request, stats, is_chat=is_chat)
+        response, outcome = await _complete(request, stats, is_chat=is_chat, api=api)
         return response
     except asyncio.CancelledError:
         outcome = "cancelled"
@@ -99,19 +103,7 @@ async def _serve_embeddings(request: web.Request) -> web.StreamResponse:
 
 
 async def _serve_api(request: web.Request, name: ChatApiName) -> web.StreamResponse:
-    """Anthropic's Messages (and its count_tokens) or OpenAI's Responses: the chat path's
-    generation and ``"mock"`` controls, in the API's wire (``backends.api_http``)."""
-    stats = request.app[STATS_KEY]
-    stats.start()
-    outcome: Outcome = "completed"
-    try:
-        response, outcome = await _complete(request, stats, is_chat=True, api=name)
-        return response
-    except asyncio.CancelledError:
-        outcome = "cancelled"
-        raise
-    finally:
-        stats.finish(outcome)
+    return await _serve_completion(request, is_chat=True, api=name)
 
 
 async def _complete(
