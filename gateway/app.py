@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import re
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import aiohttp
@@ -27,6 +28,7 @@ from admission.waiting_room import SloAdmission
 from backends.fleet.approx_sync import ApproxIndexSync
 from backends.fleet.breaker import BreakerConfig
 from backends.fleet.health import HealthChecker
+from backends.fleet.peer_load import PeerLoad
 from backends.fleet.registry import BackendRegistry
 from backends.fleet.sync import FleetSync
 from backends.fleet.upstream import UpstreamClient
@@ -48,6 +50,7 @@ from gateway.usage import UsageBook
 from routing.aliases import ModelAliases
 from routing.index_approx import ApproxPrefixIndex
 from routing.index_exact import ExactPrefixIndex
+from routing.plugins.pickers import RoundRobinPicker
 from routing.profile import SchedulingProfile, build_profile
 from routing.profiles import profile_by_name
 
@@ -234,8 +237,10 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
         if redis is not None:  # in memory there is one replica: nothing to share or hear
             tasks.append(asyncio.create_task(state.auth.listen_for_invalidations(),
                                              name="auth-invalidation"))
-            approx_sync = ApproxIndexSync(redis, router.approx_index, new_request_id(),
-                                          ttl_s=settings.routing.approx_ttl_s)
+            replica_id = new_request_id()
+            approx_sync = ApproxIndexSync(redis, router.approx_index, replica_id,
+                                          ttl_s=settings.routing.approx_ttl_s,
+                                          peers=PeerLoad(registry, replica_id))
             router.on_record = approx_sync.record
             try:
                 await approx_sync.catch_up()
@@ -358,8 +363,12 @@ def _quota_metrics(quotas: QuotaStoreLike) -> Iterator[object]:
 
 def scheduling_profile(settings: RoutingSettings) -> SchedulingProfile:
     if settings.plugins is not None:
-        return build_profile(settings.plugins, name="custom")
-    return profile_by_name(settings.profile)
+        profile = build_profile(settings.plugins, name="custom")
+    else:
+        profile = profile_by_name(settings.profile)
+    if isinstance(profile.picker, RoundRobinPicker):
+        profile.picker.start_at(secrets.randbelow(1 << 30))  # not in step with other replicas
+    return profile
 
 
 def make_router(

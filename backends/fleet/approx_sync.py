@@ -33,6 +33,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from backends.fleet.peer_load import LOAD_FIELD, PeerLoad
 from backends.publisher import pack_hashes, unpack_hashes
 from backends.redis_url import REDIS_ERRORS
 from routing.index_approx import MIN_TTL_S, ApproxPrefixIndex
@@ -54,9 +55,11 @@ class ApproxIndexSync:
         flush_interval_s: float = 0.1,
         stream_maxlen: int = 200_000,
         republish_s: float = MIN_TTL_S / 4,
+        peers: PeerLoad | None = None,
     ) -> None:
         self._redis = redis
         self._index = index
+        self._peers = peers
         self.replica_id = replica_id
         self._ttl_s = ttl_s
         self._flush_interval_s = flush_interval_s
@@ -96,7 +99,8 @@ class ApproxIndexSync:
 
     async def flush(self) -> None:
         pending, self._pending = self._pending, []
-        if not pending:
+        load = self._peers.entry() if self._peers is not None else None
+        if not pending and load is None:
             return
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -104,6 +108,8 @@ class ApproxIndexSync:
                     pipe.xadd(APPROX_STREAM, {"r": self.replica_id, "b": backend,
                                               "t": f"{recorded_s:.3f}", "h": pack_hashes(hashes)},
                               maxlen=self._stream_maxlen, approximate=True)
+                if load is not None:
+                    pipe.xadd(APPROX_STREAM, load, maxlen=self._stream_maxlen, approximate=True)
                 await pipe.execute()
         except BaseException:
             self._pending[:0] = pending
@@ -121,6 +127,8 @@ class ApproxIndexSync:
                     self._merge(entries)
                     if entries:
                         self._last_id = entries[-1][0]
+                if self._peers is not None:
+                    self._peers.apply()
             except REDIS_ERRORS as exc:
                 log.warning("approximate index sync: %s", exc)
                 await asyncio.sleep(1.0)
@@ -128,9 +136,15 @@ class ApproxIndexSync:
     def _merge(self, entries: Any) -> None:
         own = self.replica_id.encode()
         claims: list[tuple[int, str, float]] = []
+        peers = self._peers
         for _, fields in entries:
             if fields.get(b"r") == own:
                 continue  # already in the local index
+            load = fields.get(LOAD_FIELD)
+            if load is not None:  # a replica's requests in flight, not a claim
+                if peers is not None:
+                    peers.merge(fields[b"r"], load)
+                continue
             backend = fields[b"b"].decode()
             recorded_s = float(fields[b"t"])
             claims.extend((h, backend, recorded_s) for h in unpack_hashes(fields[b"h"]))

@@ -72,6 +72,11 @@ class Backend:
     num_started_since_load: int = 0
     # Streams this gateway has in flight on their last step (``Router.nearly_done``).
     num_ending: int = 0
+    # What the other gateway replicas have in flight here, as they last said (at most about
+    # 0.1 s ago; ``backends.fleet.peer_load``): ``state`` adds it to this gateway's own.
+    peer_in_flight: int = 0
+    peer_in_flight_tokens: int = 0
+    peer_in_flight_prompt_tokens: int = 0
     # Outlier ejection from what its requests met (``BackendRegistry.request_failed``).
     breaker: Breaker = field(default_factory=Breaker)
     # Responses sent here that wait for their first byte: failed at once (``BackendDown``)
@@ -160,17 +165,19 @@ class Backend:
         if cached is not None and self._state_now_s == now_s:
             return cached
         kv_usage = self.kv_usage
+        # Sent here by this replica, and by the others as they last said.
+        in_flight = self.num_in_flight + self.peer_in_flight
+        in_flight_tokens = self.num_in_flight_tokens + self.peer_in_flight_tokens
         if self.load_source == "books":
-            # The gateway's own counts: current, and all the engine runs if it is the only
-            # client. Beyond max_batch the engine queues; KV is what those requests reserved.
+            # The gateways' own counts: current, and all the engine runs if they are its only
+            # clients. Beyond max_batch the engine queues; KV is what those requests reserved.
             age_s = 0.0
-            in_flight = self.num_in_flight
             max_batch = self.profile.max_batch
             num_running = in_flight if max_batch is None else min(in_flight, max_batch)
             # Beyond the slots the streams on their last step free as it ends.
             num_waiting = max(0, in_flight - self.num_ending - num_running)
             capacity = self.profile.kv_capacity_tokens
-            kv_usage = min(1.0, self.num_in_flight_tokens / capacity) if capacity else 0.0
+            kv_usage = min(1.0, in_flight_tokens / capacity) if capacity else 0.0
         else:
             # Never observed: stale, so routing treats it as unknown, never as idle.
             age_s = inf if self.load_observed_s is None else now_s - self.load_observed_s
@@ -185,8 +192,9 @@ class Backend:
             weight=self.weight, profile=self.profile, num_running=num_running,
             num_waiting=num_waiting, kv_usage=kv_usage,
             num_queued_prefill_tokens=self.num_queued_prefill_tokens,
-            num_in_flight=self.num_in_flight, num_in_flight_tokens=self.num_in_flight_tokens,
-            num_in_flight_prompt_tokens=self.num_in_flight_prompt_tokens,
+            num_in_flight=in_flight, num_in_flight_tokens=in_flight_tokens,
+            num_in_flight_prompt_tokens=(self.num_in_flight_prompt_tokens
+                                         + self.peer_in_flight_prompt_tokens),
             num_ending=self.num_ending, num_prefix_kv_blocks=self.num_prefix_kv_blocks,
             source=self.source,
         )

@@ -91,6 +91,12 @@ class RoundRobinPicker:
     def __init__(self) -> None:
         self._num_calls = 0
 
+    def start_at(self, turn: int) -> None:
+        """Continue the rotation from ``turn``: each gateway replica starts at its own, or
+        replicas behind a round-robin balancer would rotate in step and send N requests in a
+        row to the same backend."""
+        self._num_calls = turn
+
     def pick(self, candidates: Sequence[BackendState], scores: Sequence[float],
              rng: Random) -> int:
         index = self._num_calls % len(scores)

@@ -83,6 +83,18 @@ def test_round_robin_rotates_and_keeps_its_own_counter() -> None:
     rng = Random(0)
     assert [first.pick(CANDIDATES, [0.0] * 4, rng) for _ in range(6)] == [0, 1, 2, 3, 0, 1]
     assert second.pick(CANDIDATES, [0.0] * 4, rng) == 0
+    second.start_at(6)  # a replica's own start: out of step with the others
+    assert [second.pick(CANDIDATES, [0.0] * 4, rng) for _ in range(3)] == [2, 3, 0]
+
+
+def test_each_gateway_process_starts_its_rotation_elsewhere() -> None:
+    from gateway.app import scheduling_profile
+    from gateway.settings import RoutingSettings
+
+    settings = RoutingSettings(profile="round_robin")
+    firsts = {scheduling_profile(settings).picker.pick(CANDIDATES, [0.0] * 4, Random(0))
+              for _ in range(40)}
+    assert len(firsts) > 1  # in step, every one would start at 0
 
 
 @pytest.mark.parametrize(

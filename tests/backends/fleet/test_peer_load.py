@@ -1,0 +1,121 @@
+"""Gateway replicas tell each other what they have in flight on each backend: in process, and
+through a real Redis stream shared with the approximate index."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+import redis.asyncio as aioredis
+
+from backends.fleet.approx_sync import APPROX_STREAM, ApproxIndexSync
+from backends.fleet.peer_load import LOAD_FIELD, PeerLoad
+from backends.fleet.registry import Backend, BackendRegistry
+from routing.index_approx import ApproxPrefixIndex
+
+
+def _registry() -> BackendRegistry:
+    return BackendRegistry([Backend(name=n, url=f"http://{n}", models=frozenset({"m"}))
+                            for n in ("a", "b")])
+
+
+def _send(registry: BackendRegistry, name: str, count: int) -> None:
+    backend = registry.get(name)
+    assert backend is not None
+    for _ in range(count):
+        backend.book_started(reserved_tokens=100, pending_prefill_tokens=40)
+
+
+def test_entries_carry_changes_and_keepalives_only() -> None:
+    registry = _registry()
+    peers = PeerLoad(registry, "gw-1", keepalive_s=1.0)
+    first = peers.entry(now_s=10.0)
+    assert first is not None and orjson.loads(first["l"]) == {}
+    assert peers.entry(now_s=10.1) is None  # nothing changed
+    _send(registry, "a", 2)
+    changed = peers.entry(now_s=10.2)
+    assert changed is not None and orjson.loads(changed["l"]) == {"a": [2, 200, 80]}
+    # Read by an earlier version as a claim on nothing: no backend, no hashes.
+    assert changed["b"] == "" and changed["h"] == b"" and float(changed["t"]) > 0
+    assert peers.entry(now_s=10.3) is None
+    assert peers.entry(now_s=11.3) is not None  # a keepalive
+
+
+def test_the_others_counts_add_to_routings_view_and_expire() -> None:
+    registry = _registry()
+    peers = PeerLoad(registry, "gw-1", expire_s=3.0)
+    _send(registry, "a", 1)
+    peers.merge(b"gw-2", orjson.dumps({"a": [3, 300, 120], "b": [1, 50, 0]}), now_s=0.0)
+    peers.merge("gw-3", orjson.dumps({"a": [2, 200, 0]}), now_s=1.0)
+    peers.merge("gw-1", orjson.dumps({"a": [99, 0, 0]}), now_s=1.0)  # its own: ignored
+    peers.merge("gw-4", b"not json", now_s=1.0)  # malformed: ignored
+    peers.merge("gw-5", orjson.dumps({"a": "x"}), now_s=1.0)
+    peers.apply(now_s=2.0)
+    a, b = registry.get("a"), registry.get("b")
+    assert a is not None and b is not None
+    assert (a.peer_in_flight, a.peer_in_flight_tokens, a.peer_in_flight_prompt_tokens) == \
+        (5, 500, 120)
+    state = a.state(2.0)
+    assert (state.num_in_flight, state.num_in_flight_tokens) == (6, 600)
+    assert state.num_in_flight_prompt_tokens == 160
+    assert b.state(2.0).num_in_flight == 1 and peers.num_peers == 2
+    peers.apply(now_s=3.5)  # gw-2 silent for 3.5 s: gone
+    assert (a.peer_in_flight, b.peer_in_flight) == (2, 0) and peers.num_peers == 1
+
+
+def test_books_only_backends_count_the_peers_requests_as_running() -> None:
+    registry = _registry()
+    a = registry.get("a")
+    assert a is not None
+    a.load_source = "books"
+    PeerLoad(registry, "gw-1")  # nothing heard yet
+    assert a.state(0.0).num_running == 0
+    peers = PeerLoad(registry, "gw-1")
+    peers.merge("gw-2", orjson.dumps({"a": [4, 400, 0]}), now_s=0.0)
+    peers.apply(now_s=0.0)
+    assert a.state(0.0).num_running == 4
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    await client.delete(APPROX_STREAM)
+    yield client
+    await client.delete(APPROX_STREAM)
+    await client.aclose()
+
+
+async def test_replicas_hear_each_others_load_through_the_stream(redis: aioredis.Redis) -> None:
+    registries = [_registry(), _registry()]
+    tasks = []
+    for name, registry in zip(("gw-1", "gw-2"), registries, strict=True):
+        sync = ApproxIndexSync(redis, ApproxPrefixIndex(ttl_s=60), name, ttl_s=60,
+                               flush_interval_s=0.02, peers=PeerLoad(registry, name))
+        await sync.catch_up()
+        tasks.append(asyncio.create_task(sync.run()))
+    try:
+        _send(registries[0], "b", 3)
+        deadline = time.monotonic() + 3
+        seen = registries[1].get("b")
+        assert seen is not None
+        while time.monotonic() < deadline and seen.peer_in_flight != 3:
+            await asyncio.sleep(0.01)
+        assert seen.peer_in_flight == 3 and seen.num_in_flight == 0
+        entries = await redis.xrange(APPROX_STREAM)
+        assert any(LOAD_FIELD in fields for _, fields in entries)
+        # The requests end: the other replica hears that too.
+        backend = registries[0].get("b")
+        assert backend is not None
+        for _ in range(3):
+            backend.book_finished(100, 40, had_first_token=False, was_ending=False)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and seen.peer_in_flight:
+            await asyncio.sleep(0.01)
+        assert seen.peer_in_flight == 0
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
