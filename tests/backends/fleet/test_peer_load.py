@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 import pytest
@@ -104,7 +105,7 @@ async def test_replicas_hear_each_others_load_through_the_stream(redis: aioredis
         while time.monotonic() < deadline and seen.peer_in_flight != 3:
             await asyncio.sleep(0.01)
         assert seen.peer_in_flight == 3 and seen.num_in_flight == 0
-        entries = await redis.xrange(APPROX_STREAM)
+        entries: Any = await redis.xrange(APPROX_STREAM)
         assert any(LOAD_FIELD in fields for _, fields in entries)
         # The requests end: the other replica hears that too.
         backend = registries[0].get("b")
