@@ -1,0 +1,5 @@
+"""``python -m bench.replicas``: runs `bench.replicas.bench`."""
+
+from bench.replicas.bench import main
+
+raise SystemExit(main())
