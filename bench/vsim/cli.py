@@ -7,11 +7,21 @@ on the same workload and seed, a table per mode and one side by side with the ra
 / own (``bench/vsim/modes.py``). Third-party mode runs ``--third-party-profiles``, by default
 ``--profiles`` without the exact-index ones (each left out with a note).
 
+``--replicas 1,2,8`` routes each profile through that many gateway replicas behind a
+round-robin front (``bench/vsim/replicas.py``), each run on the same workload and seed, and adds
+a table of each run's figures against the one-replica run's (``bench/vsim/replica_report.py``);
+``--sharing on|off|both`` says whether the replicas share their approximate indexes through
+``sy:approx`` (``bench/vsim/approx_share.py``), ``--peer-load on|off|both`` whether they share
+their per-backend in-flight counts there too (``backends/fleet/peer_load.py``; on, as the gateway
+does; off: each replica counts only its own).
+
 Example::
 
     python -m bench.vsim --workers 8 --requests 20000 --workload shared-prefix \\
         --profiles round_robin,prefix_affinity --load 0.75 --seed 1 --json out.json
     python -m bench.vsim --mode both --profiles round_robin,prefix_affinity,prefix_affinity_approx
+    python -m bench.vsim --workers 64 --replicas 1,8 --sharing both --profiles prefix_affinity
+    python -m bench.vsim --workers 64 --replicas 1,8 --peer-load both --profiles prefix_affinity
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from typing import Any
 from backends.sim.profile import WorkerProfile
 from bench.common.fleet_modes import MODE_CHOICES, Mode, key_of, parse_modes
 from bench.run.workloads.base import TokenRange, WorkloadOptions
+from bench.vsim.approx_share import FLUSH_INTERVAL_S
 from bench.vsim.metrics import RunResult
 from bench.vsim.modes import (
     comparison,
@@ -38,7 +49,14 @@ from bench.vsim.modes import (
     verdict_table,
     verdicts,
 )
-from bench.vsim.profiles import MODEL, PROFILES, no_exact_index
+from bench.vsim.profiles import LOAD_BLIND, MODEL, PROFILES, no_exact_index
+from bench.vsim.replica_report import (
+    peer_load_label,
+    replica_rows,
+    replica_table,
+    replica_verdicts,
+    sharing_label,
+)
 from bench.vsim.sim import SimConfig, Simulation
 from bench.vsim.sizing import capacity_per_worker, kv_blocks_for
 from bench.vsim.workloads import WORKLOAD_NAMES, Workload, build_workload
@@ -90,7 +108,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="third-party: the gateway scrapes each engine's /metrics this often")
     add("--no-cache-feedback", action="store_true",
         help="the gateway ignores the cached tokens each response reports")
+    add("--replicas", default="1",
+        help="gateway replicas behind a round-robin front; a list (1,2,8) runs each")
+    add("--sharing", choices=("on", "off", "both"), default="on",
+        help="replicas share their approximate indexes through sy:approx (both: each way)")
+    add("--peer-load", choices=("on", "off", "both"), default="on",
+        help="replicas share their in-flight counts through sy:approx (both: each way)")
+    add("--share-flush-ms", type=float, default=FLUSH_INTERVAL_S * 1000,
+        help="sy:approx batching interval and XREAD block (0: claims reach replicas at once)")
+    add("--share-rtt-ms", type=float, default=1.0, help="sy:approx: a Redis round trip")
     args = parser.parse_args(argv)
+    try:
+        args.replicas = [int(n) for n in args.replicas.split(",") if n]
+    except ValueError:
+        parser.error(f"--replicas takes counts like 1,2,8, not {args.replicas!r}")
+    if not args.replicas or min(args.replicas) < 1:
+        parser.error("--replicas needs counts of at least 1")
     args.profiles = [p for p in args.profiles.split(",") if p]
     unknown = [p for p in args.profiles if p not in PROFILES]
     if args.third_party_profiles is not None:
@@ -131,6 +164,27 @@ def workload_factory(args: argparse.Namespace) -> Callable[[], Workload]:
                                   hot_share=args.hot_share, seed=args.seed)
 
 
+def run_label(result: RunResult) -> str:
+    """The profile, with its replicas (``unshared`` when they share no index, ``no peer load``
+    when they count only their own requests in flight)."""
+    if result.num_replicas == 1:
+        return result.profile
+    unshared = "" if sharing_label(result) != "not shared" else " unshared"
+    alone = "" if peer_load_label(result) != "off" else " no peer load"
+    return f"{result.profile} x{result.num_replicas}{unshared}{alone}"
+
+
+def variants(args: argparse.Namespace, profile: str) -> list[tuple[int, bool, bool]]:
+    """(replicas, share the approximate index, share in-flight counts) for each run of
+    ``profile``; one run where a choice cannot change a decision."""
+    choices = {"on": [True], "off": [False], "both": [True, False]}
+    routing_profile, index_mode = PROFILES[profile]
+    return [(n, share, peer) for n in args.replicas
+            for share in (choices[args.sharing] if n > 1 and index_mode != "none" else [True])
+            for peer in (choices[args.peer_load]
+                         if n > 1 and routing_profile not in LOAD_BLIND else [True])]
+
+
 def format_table(results: Sequence[RunResult]) -> str:
     def ms(value: float) -> str:
         return "-" if math.isnan(value) else f"{value * 1000:,.0f}"
@@ -141,7 +195,7 @@ def format_table(results: Sequence[RunResult]) -> str:
              "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for r in results:
         lines.append(
-            f"| {r.profile} | {ms(r.ttft_p50_s)} / {ms(r.ttft_p90_s)} / {ms(r.ttft_p99_s)} "
+            f"| {run_label(r)} | {ms(r.ttft_p50_s)} / {ms(r.ttft_p90_s)} / {ms(r.ttft_p99_s)} "
             f"| {ms(r.tpot_p50_s)} / {ms(r.tpot_p90_s)} | {r.e2e_p50_s:.2f} / {r.e2e_p99_s:.2f} "
             f"| {r.throughput_rps:,.1f} | {r.cached_fraction:.3f} | {r.ideal_cached_fraction:.3f} "
             f"| {r.share_of_ideal:.2f} | {r.requests_spread:.2f} / {r.busy_spread:.2f} / "
@@ -167,7 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                        kv_flush_s=args.kv_flush_ms / 1000, poll_interval_s=args.poll_s,
                        dispatch_s=args.dispatch_ms / 1000, max_age_s=args.max_age_s,
                        num_silent_workers=args.silent_workers, warmup_fraction=args.warmup,
-                       scrape_interval_s=args.scrape_s, cache_feedback=not args.no_cache_feedback)
+                       scrape_interval_s=args.scrape_s, cache_feedback=not args.no_cache_feedback,
+                       share_flush_s=args.share_flush_ms / 1000,
+                       share_rtt_s=args.share_rtt_ms / 1000)
     capacity = math.nan
     rate = args.rate
     if rate is None:
@@ -184,16 +240,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[Mode, list[RunResult]] = {}
     fleets: dict[str, dict[str, Any]] = {}
     for mode, names in profiles.items():
-        for profile in names:
-            simulation = Simulation(replace(config, profile=profile, rate_per_s=rate,
-                                            mode=mode), make_workload())
+        for profile, (num_replicas, share, peer) in [(p, v) for p in names
+                                                      for v in variants(args, p)]:
+            simulation = Simulation(replace(config, profile=profile, rate_per_s=rate, mode=mode,
+                                            num_replicas=num_replicas, share_approx=share,
+                                            peer_load=peer),
+                                    make_workload())
             result = simulation.run()
-            print(f"{profile} ({mode}): {result.wall_s:.1f} s wall, "
+            print(f"{run_label(result)} ({mode}): {result.wall_s:.1f} s wall, "
                   f"{result.requests_per_wall_s:,.0f} requests per wall-second", file=sys.stderr)
             results.setdefault(mode, []).append(result)
-            fleets.setdefault(key_of(mode), {})[profile] = fleet_view(simulation.backends)
-    rows = comparison(results)
+            fleets.setdefault(key_of(mode), {})[run_label(result)] = fleet_view(
+                simulation.backends)
+    first_replicas = args.replicas[0]
+    rows = comparison({mode: [r for r in mode_results if r.num_replicas == first_replicas
+                              and sharing_label(r) != "not shared"
+                              and peer_load_label(r) != "off"]
+                       for mode, mode_results in results.items()})
     found = verdicts(rows)
+    all_results = [r for mode_results in results.values() for r in mode_results]
+    replicas = replica_rows(all_results)
+    replica_found = replica_verdicts(replicas)
     if len(results) == 1:
         print(format_table(next(iter(results.values()))))
     else:
@@ -203,6 +270,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               "third-party / own))\n")
         print(comparison_table(rows) + "\n")
         print(verdict_table(found))
+    if replicas:
+        print("\n**N replicas / one** (cells: 1 replica / N replicas (ratio N / 1))\n")
+        print(replica_table(replicas) + "\n")
+        print(verdict_table(replica_found))
     if args.json is not None:
         document: dict[str, Any] = {
             "argv": list(argv if argv is not None else sys.argv[1:]),
@@ -211,7 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "kv_tokens_per_worker": worker.kv_capacity_tokens,
             "modes": list(results),
             "results": [r.to_dict() for mode_results in results.values() for r in mode_results],
-            "fleet": fleets, "comparison": rows, "targets": found}
+            "fleet": fleets, "comparison": rows, "targets": found,
+            "replicas": replicas, "replica_targets": replica_found}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(document, indent=2, allow_nan=True) + "\n")
     return 0

@@ -104,6 +104,9 @@ class RunResult:
     virtual_s: float
     wall_s: float
     requests_per_wall_s: float
+    num_replicas: int = 1  # gateway replicas behind a round-robin front
+    is_sharing: bool = True  # they share the approximate index (always, with one)
+    is_peer_load: bool = True  # they count each other's requests in flight (always, with one)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,7 +120,8 @@ def spread(values: Sequence[float]) -> float:
 
 def summarize(recorder: Recorder, *, profile: str, workload: str, rate_per_s: float,
               kv_tokens_per_worker: int, busy_s: Sequence[float], num_preemptions: int,
-              wall_s: float, num_warmup: int = 0, mode: str = "own") -> RunResult:
+              wall_s: float, num_warmup: int = 0, mode: str = "own", num_replicas: int = 1,
+              is_sharing: bool = True, is_peer_load: bool = True) -> RunResult:
     """The run's figures over requests ``num_warmup`` onwards (busy time over the whole run)."""
     arrival, first, finish = recorder.arrival_s, recorder.first_token_s, recorder.finish_s
     done = [i for i in range(num_warmup, len(finish)) if not math.isnan(finish[i])]
@@ -160,4 +164,5 @@ def summarize(recorder: Recorder, *, profile: str, workload: str, rate_per_s: fl
         busy_max_fraction=max(busy_s) / run_s if run_s > 0 else math.nan,
         num_preemptions=num_preemptions, virtual_s=duration_s, wall_s=wall_s,
         requests_per_wall_s=len(arrival) / wall_s if wall_s > 0 else math.nan,
+        num_replicas=num_replicas, is_sharing=is_sharing, is_peer_load=is_peer_load,
     )

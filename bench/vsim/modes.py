@@ -98,13 +98,24 @@ def verdicts(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if not row["is_judged"]:
             continue
         label = f"{row['third_party']} / own {row['own']}"
-        found += [verdict("third-party / own TTFT p90", label, row["ttft_p90_ms"]["ratio"],
-                          MAX_TTFT_RATIO),
-                  verdict("third-party / own TTFT p99", label, row["ttft_p99_ms"]["ratio"],
-                          MAX_TTFT_RATIO),
-                  verdict("third-party / own cached share", label,
-                          row["cached_fraction"]["ratio"], MIN_CACHED_RATIO, at_least=True)]
+        found += ratio_verdicts("third-party / own", label, row, MAX_TTFT_RATIO,
+                                MIN_CACHED_RATIO)
     return found
+
+
+def ratio_verdicts(target: str, label: str, row: Mapping[str, Any], max_ttft_ratio: float,
+                   min_cached_ratio: float) -> list[dict[str, Any]]:
+    """A row's three targets: TTFT p90 and p99 ratios at most, cached share ratio at least."""
+    return [verdict(f"{target} TTFT p90", label, row["ttft_p90_ms"]["ratio"], max_ttft_ratio),
+            verdict(f"{target} TTFT p99", label, row["ttft_p99_ms"]["ratio"], max_ttft_ratio),
+            verdict(f"{target} cached share", label, row["cached_fraction"]["ratio"],
+                    min_cached_ratio, at_least=True)]
+
+
+def ratio_cell(pair: Mapping[str, Any], first: str, second: str, digits: int) -> str:
+    """``first / second (**ratio**)`` of a figure's pair."""
+    return (f"{fmt(pair[first], digits)} / {fmt(pair[second], digits)} "
+            f"(**{fmt(pair['ratio'], 2)}**)")
 
 
 def median_rows(comparisons: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
@@ -132,8 +143,7 @@ def _median(values: Sequence[float | None]) -> float | None:
 def comparison_table(rows: Iterable[Mapping[str, Any]]) -> str:
     """Markdown: a row per pair; cells own / third-party (ratio third-party / own)."""
     def cell(pair: Mapping[str, Any], digits: int) -> str:
-        return (f"{fmt(pair['own'], digits)} / {fmt(pair['third_party'], digits)} "
-                f"(**{fmt(pair['ratio'], 2)}**)")
+        return ratio_cell(pair, "own", "third_party", digits)
 
     lines = ["| third-party profile | own profile | TTFT p90 (ms) | TTFT p99 (ms) "
              "| cached share | judged |",

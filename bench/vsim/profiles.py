@@ -23,6 +23,8 @@ PROFILES: dict[str, tuple[str, str]] = {
     "prefix_affinity_no_room": ("prefix_affinity_no_room", "exact"),
     "prefix_affinity_no_room_approx": ("prefix_affinity_no_room", "approx"),
 }
+# Routing profiles that read no load: the replicas' in-flight counts cannot change a decision.
+LOAD_BLIND = frozenset({"round_robin", "random"})
 
 
 def no_exact_index(profile: str) -> str:

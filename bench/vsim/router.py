@@ -67,7 +67,10 @@ class VirtualRouter:
 
     def __init__(self, backends: Sequence[Backend], profile: str, index_mode: str, *,
                  model: str, block_size: int = 16, max_age_s: float = 5.0,
-                 approx_ttl_s: float = 600.0, seed: int = 0) -> None:
+                 approx_ttl_s: float = 600.0, seed: int | str = 0,
+                 exact_index: ExactPrefixIndex | None = None) -> None:
+        """``exact_index``: the one to read and feed (replicas share one: they read the same
+        KV events); a new one by default."""
         if index_mode not in INDEX_MODES:
             raise ValueError(f"unknown index mode {index_mode!r}; use {', '.join(INDEX_MODES)}")
         self.backends = list(backends)
@@ -76,7 +79,9 @@ class VirtualRouter:
         self.model = model
         self.block_size = block_size
         self.max_age_s = max_age_s
-        self.exact_index = ExactPrefixIndex(block_size) if index_mode == "exact" else None
+        self.exact_index: ExactPrefixIndex | None = None
+        if index_mode == "exact":
+            self.exact_index = ExactPrefixIndex(block_size) if exact_index is None else exact_index
         self.approx_index = (ApproxPrefixIndex(approx_ttl_s, block_tokens=block_size)
                              if index_mode != "none" else None)
         self._rng = random.Random(f"{seed}:vsim-router")
@@ -98,6 +103,11 @@ class VirtualRouter:
 
     def _clock(self) -> float:
         return self._now_s
+
+    @property
+    def gateway(self) -> Router:
+        """The live gateway's ``Router`` this one drives (``on_record``: share its claims)."""
+        return self._gateway
 
     # -- the request ----------------------------------------------------------------------
     def describe(self, request: VRequest) -> RoutePlan:

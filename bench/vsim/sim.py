@@ -37,15 +37,14 @@ the admission that produced its first token, what the live worker reports in ``u
 ``gateway/router.py``'s ``Router.learn`` (``cache_feedback``): a reported miss on the
 approximate index's claim drops that backend's claims as old as the missed one.
 
+**Replicas** (``SimConfig.num_replicas``, ``bench/vsim/replicas.py``): arrivals dealt
+round-robin over that many gateway replicas, each with its own view (polls or scrapes at its own
+phase); with ``share_approx`` they exchange claims, with ``peer_load`` their in-flight counts,
+through ``sy:approx`` (``bench/vsim/approx_share.py``: **share** events, one replica's ``XREAD``
+reply each). One replica is the single gateway above, decision for decision.
+
 Nothing is forked: the engine is ``backends.sim.core``, the decision ``routing.schedule``, the
 gateway's per-backend record ``backends.fleet.registry.Backend``.
-
-**The live path's fixed latency.** Live, a request reaches the engine a few milliseconds
-after the gateway decided (the gateway's work, the loopback hop, the worker parsing and
-tokenizing the prompt) and its first token reaches the client a little after the engine's
-step ended (the SSE relay, the worker loop's 1 ms timer). ``dispatch_s`` adds that whole
-fixed cost before the engine sees the request; ``bench.vsim.agreement`` measures it on an
-idle live fleet. It is 0 by default (an ideal gateway).
 
 Example::
 
@@ -57,57 +56,34 @@ Example::
 from __future__ import annotations
 
 import heapq
-import math
 import random
 import time
 from collections import deque
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from backends.engine_core.block_manager import KvEvent
 from backends.engine_core.sequence import Sequence
-from backends.fleet.profiles import heartbeat_facts
-from backends.fleet.registry import Backend
 from backends.sim.core import SimEngineCore
-from backends.sim.profile import WorkerProfile
-from bench.common.fleet_modes import MODES, Mode
+from bench.common.fleet_modes import MODES
 from bench.run.arrivals import gap_s
+from bench.vsim.approx_share import ApproxShare
+from bench.vsim.config import SimConfig as SimConfig  # re-exported: simulate() takes one
 from bench.vsim.metrics import Recorder, RunResult, summarize
 from bench.vsim.profiles import MODEL as MODEL  # re-exported: bench.vsim.agreement
 from bench.vsim.profiles import PROFILES as PROFILES
 from bench.vsim.profiles import no_exact_index
-from bench.vsim.router import VirtualRouter
-from bench.vsim.scrape import EnginePages
+from bench.vsim.replicas import (
+    EngineFigures,
+    build_replicas,
+    build_share,
+    heartbeat_figures,
+    is_sharing_approx,
+)
 from bench.vsim.workloads import VRequest, Workload
 from gateway.router import RoutePlan
 
-_STEP_END, _ARRIVAL, _HEARTBEAT, _STALE, _DISPATCH, _POLL, _SCRAPE = 0, 1, 2, 3, 4, 5, 6
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    """One run: the fleet, the routing profile, the arrival rate and the gateway's view."""
-
-    num_workers: int = 8
-    num_requests: int = 2000
-    profile: str = "prefix_affinity"
-    rate_per_s: float = 10.0
-    seed: int = 1
-    worker: WorkerProfile = field(default_factory=lambda: WorkerProfile(model=MODEL))
-    heartbeat_s: float = 1.0
-    # backends/fleet/sync.py FleetSync's membership poll (reads the heartbeats); 0: no polling
-    poll_interval_s: float = 0.25
-    kv_flush_s: float = 0.05  # backends/publisher.py KvPublisher's flush interval
-    kv_event_delay_s: float = 0.001  # after the flush: Redis and the gateway's XREAD
-    max_age_s: float = 5.0
-    approx_ttl_s: float = 600.0
-    num_silent_workers: int = 0
-    warmup_fraction: float = 0.1  # of requests, simulated but left out of the figures
-    num_warmup: int | None = None  # the first requests left out; overrides warmup_fraction
-    dispatch_s: float = 0.0  # the live path's fixed latency per request (module docstring)
-    mode: Mode = "own"  # how the gateway knows the engines (module docstring)
-    scrape_interval_s: float = 1.0  # FleetSync's /metrics scrape, third-party
-    cache_feedback: bool = True  # reported cached tokens go to Router.learn, as live
+_STEP_END, _ARRIVAL, _HEARTBEAT, _STALE, _DISPATCH, _POLL, _SCRAPE, _SHARE = 0, 1, 2, 3, 4, 5, 6, 7
 
 
 @dataclass(slots=True)
@@ -116,6 +92,7 @@ class _InFlight:
     plan: RoutePlan
     worker: int
     seq: Sequence
+    replica: int
     has_first_token: bool = False
 
 
@@ -131,11 +108,13 @@ class Simulation:
                              "requests")
         if config.profile not in PROFILES:
             raise ValueError(f"unknown profile {config.profile!r}; use {', '.join(PROFILES)}")
-        if config.num_workers < 1 or config.num_requests < 1 or config.rate_per_s <= 0:
-            raise ValueError("need num_workers >= 1, num_requests >= 1 and rate_per_s > 0")
+        if (config.num_workers < 1 or config.num_requests < 1 or config.rate_per_s <= 0
+                or config.num_replicas < 1):
+            raise ValueError("need num_workers >= 1, num_requests >= 1, rate_per_s > 0 and "
+                             "num_replicas >= 1")
         if config.mode not in MODES:
             raise ValueError(f"unknown mode {config.mode!r}; use {', '.join(MODES)}")
-        routing_profile, index_mode = PROFILES[config.profile]
+        _, index_mode = PROFILES[config.profile]
         if config.mode == "third-party" and index_mode == "exact":
             raise ValueError(no_exact_index(config.profile))
         if config.mode == "third-party" and config.scrape_interval_s <= 0:
@@ -144,21 +123,16 @@ class Simulation:
         self.workload = workload
         worker = config.worker
         self.cores = [SimEngineCore(worker) for _ in range(config.num_workers)]
-        models = frozenset({worker.model})
-        self.pages: EnginePages | None = None
-        if config.mode == "own":  # joined by heartbeat, profile and all (FleetSync._upsert)
-            self.backends = [Backend(f"w{i}", f"vsim://w{i}", models, source="heartbeat")
-                             for i in range(config.num_workers)]
-            for backend in self.backends:
-                backend.learn_profile(heartbeat_facts(worker.to_json()))
-        else:  # listed in backends: with no profile: stated; everything else is discovered
-            self.backends = [Backend(f"w{i}", f"vsim://w{i}", models)
-                             for i in range(config.num_workers)]
-            self.pages = EnginePages(self.backends, self.cores)
-        self.router = VirtualRouter(
-            self.backends, routing_profile, index_mode, model=worker.model,
-            block_size=worker.block_size, max_age_s=config.max_age_s,
-            approx_ttl_s=config.approx_ttl_s, seed=config.seed)
+        self.replicas = build_replicas(config, self.cores)
+        # Replica 0's view (the only one with one replica); the exact index is all replicas'.
+        first = self.replicas[0]
+        self.backends, self.router, self.pages = first.backends, first.router, first.pages
+        self.share: ApproxShare | None = build_share(
+            config, self.replicas, push=self._push_share, has_work=self._has_work,
+            peer_changed=self._peer_changed)
+        # With counts shared at once, each change of a replica's books goes out as it is made.
+        self._share_load_at_once = (self.share is not None and self.share.is_at_once
+                                    and config.peer_load)
         self.recorder = Recorder(config.num_requests, worker.block_size)
         self.busy_s = [0.0] * config.num_workers
         self.is_stepping = [False] * config.num_workers
@@ -166,8 +140,10 @@ class Simulation:
         self._num_events = 0
         self._kv_queue: list[tuple[float, int, int, list[KvEvent]]] = []  # a heap
         self._num_kv_batches = 0
-        self._dispatching: deque[tuple[int, VRequest, RoutePlan, int]] = deque()
+        self._dispatching: deque[tuple[int, VRequest, RoutePlan, int, int]] = deque()
+        # Each worker's latest heartbeat and how many it has sent (replicas read them at polls).
         self._published: list[tuple[float, EngineFigures] | None] = [None] * config.num_workers
+        self._num_heartbeats = [0] * config.num_workers
         self._arrivals_s = arrivals_s
         self._in_flight: dict[str, _InFlight] = {}
         self._arrival_rng = random.Random(f"{config.seed}:vsim-arrivals")
@@ -177,18 +153,43 @@ class Simulation:
         self._num_events += 1
         heapq.heappush(self._heap, (at_s, self._num_events, kind, worker))
 
+    def _push_share(self, at_s: float, replica: int) -> None:
+        self._push(at_s, _SHARE, replica)
+
+    def _peer_changed(self, replica: int, worker: int) -> None:
+        self.replicas[replica].router.mark_changed(worker)
+
+    def _booked(self, replica: int, now_s: float) -> None:
+        """Replica ``replica``'s books changed at ``now_s``."""
+        if self._share_load_at_once:
+            assert self.share is not None
+            self.share.load_changed(replica, now_s)
+
+    def _phase_s(self, replica: int, interval_s: float) -> float:
+        """Replica ``replica``'s polls and scrapes run this long after replica 0's."""
+        return interval_s * replica / self.config.num_replicas
+
     def run(self) -> RunResult:
         started_s = time.perf_counter()
         config = self.config
         if self.pages is None:
             for i in range(config.num_workers):  # every worker is observed idle at the start
-                self._apply(i, 0.0, _figures(self.cores[i]))
+                for replica in self.replicas:
+                    replica.hear(i, 0.0, heartbeat_figures(self.cores[i]))
                 self._next_heartbeat(i, config.heartbeat_s * (i + 1) / config.num_workers, 0.0)
             if config.poll_interval_s > 0:
-                self._push(config.poll_interval_s, _POLL, -1)
+                for r in range(config.num_replicas):
+                    interval_s = config.poll_interval_s
+                    self._push(interval_s + self._phase_s(r, interval_s), _POLL, r)
         else:
-            self.pages.first_look_at(0.0)
-            self._scraped(range(config.num_workers), 0.0)
+            for r, replica in enumerate(self.replicas):
+                assert replica.pages is not None
+                replica.pages.first_look_at(0.0)
+                self._scraped(r, range(config.num_workers), 0.0)
+                interval_s = config.scrape_interval_s
+                self._push(interval_s + self._phase_s(r, interval_s), _SCRAPE, r)
+        if self.share is not None:
+            self.share.start(0.0)
         self._push(self._next_arrival_s(0.0), _ARRIVAL, -1)
         heap = self._heap
         pop = heapq.heappop
@@ -202,19 +203,25 @@ class Simulation:
                 self._heartbeat(worker, now_s)
             elif kind == _DISPATCH:
                 self._dispatch(now_s)
+            elif kind == _SHARE:
+                assert self.share is not None
+                self.share.wake(worker, now_s)
             elif kind == _POLL:
-                self._poll(now_s)
+                self._poll(worker, now_s)
             elif kind == _SCRAPE:
-                self._scrape(now_s)
+                self._scrape(worker, now_s)
             else:
-                self.router.mark_changed(worker)
+                for replica in self.replicas:
+                    replica.router.mark_changed(worker)
         return summarize(
             self.recorder, profile=config.profile, mode=config.mode,
             workload=self.workload.name,
             rate_per_s=config.rate_per_s,
             kv_tokens_per_worker=config.worker.kv_capacity_tokens, busy_s=self.busy_s,
             num_preemptions=sum(core.num_preemptions for core in self.cores),
-            wall_s=time.perf_counter() - started_s,
+            wall_s=time.perf_counter() - started_s, num_replicas=config.num_replicas,
+            is_sharing=config.num_replicas == 1 or is_sharing_approx(config),
+            is_peer_load=config.num_replicas == 1 or config.peer_load,
             num_warmup=(config.num_warmup if config.num_warmup is not None
                         else int(config.warmup_fraction * config.num_requests)))
 
@@ -228,10 +235,12 @@ class Simulation:
         self._num_arrived += 1
         if self._num_arrived < self.config.num_requests:
             self._push(self._next_arrival_s(now_s), _ARRIVAL, -1)
-        kv_queue, router = self._kv_queue, self.router
+        kv_queue = self._kv_queue
         while kv_queue and kv_queue[0][0] <= now_s:
             _, _, source, events = heapq.heappop(kv_queue)
-            router.apply_kv_events(source, events)
+            self.router.apply_kv_events(source, events)  # the index every replica reads
+        replica = index % self.config.num_replicas  # the round-robin front
+        router = self.replicas[replica].router
         request = self.workload.next_request(index)
         plan = router.describe(request)
         ranked = router.rank(plan, now_s)
@@ -241,17 +250,18 @@ class Simulation:
             return
         worker, expected_cached_tokens = ranked
         router.started(worker, plan, now_s, expected_cached_tokens)
+        self._booked(replica, now_s)
         if self.config.dispatch_s > 0:
-            self._dispatching.append((index, request, plan, worker))
+            self._dispatching.append((index, request, plan, worker, replica))
             self._push(now_s + self.config.dispatch_s, _DISPATCH, worker)
         else:
-            self._admit(index, request, plan, worker, now_s, now_s)
+            self._admit(index, request, plan, worker, replica, now_s, now_s)
 
     def _dispatch(self, now_s: float) -> None:
-        index, request, plan, worker = self._dispatching.popleft()  # a fixed delay: FIFO
-        self._admit(index, request, plan, worker, now_s - self.config.dispatch_s, now_s)
+        index, request, plan, worker, replica = self._dispatching.popleft()  # fixed delay: FIFO
+        self._admit(index, request, plan, worker, replica, now_s - self.config.dispatch_s, now_s)
 
-    def _admit(self, index: int, request: VRequest, plan: RoutePlan, worker: int,
+    def _admit(self, index: int, request: VRequest, plan: RoutePlan, worker: int, replica: int,
                arrived_s: float, now_s: float) -> None:
         """The request reaches the engine of ``worker`` at ``now_s`` (it arrived at
         ``arrived_s``, when the router sent it there)."""
@@ -259,13 +269,14 @@ class Simulation:
             seq = self.cores[worker].add_request(
                 str(index), request.prompt_ids, request.max_tokens, now_s)
         except ValueError:  # the engine can never serve it; the gateway relays a 400
-            self.router.finished(worker, plan, had_first_token=False)
+            self.replicas[replica].router.finished(worker, plan, had_first_token=False)
+            self._booked(replica, now_s)
             self._reject(index, request, arrived_s)
             return
         recorder = self.recorder
         recorder.arrived(index, arrived_s, seq.block_hashes, seq.num_prompt_tokens)
         recorder.worker[index] = worker
-        self._in_flight[seq.seq_id] = _InFlight(request, plan, worker, seq)
+        self._in_flight[seq.seq_id] = _InFlight(request, plan, worker, seq, replica)
         if not self.is_stepping[worker]:
             self._start_step(worker, now_s)
 
@@ -282,12 +293,13 @@ class Simulation:
     def _step_end(self, worker: int, now_s: float) -> None:
         core = self.cores[worker]
         outcome = core.finish_step(now_s)
-        recorder, router, in_flight = self.recorder, self.router, self._in_flight
+        recorder, replicas, in_flight = self.recorder, self.replicas, self._in_flight
         for token in outcome.tokens:
             if not token.is_first and token.finish_reason is None:
                 continue
             item = in_flight[token.seq_id]
             index = item.request.index
+            router = replicas[item.replica].router
             if token.is_first:
                 item.has_first_token = True
                 recorder.first_token_s[index] = now_s
@@ -302,75 +314,65 @@ class Simulation:
                                  recorder.num_cached_tokens[index])
                 router.finished(worker, item.plan, had_first_token=True)
                 self.workload.finished(item.request)
+            if self._share_load_at_once:
+                self._booked(item.replica, now_s)
         events = core.drain_kv_events()
-        if events and router.exact_index is not None:
+        if events and self.router.exact_index is not None:
             self._num_kv_batches += 1
-            heapq.heappush(self._kv_queue, (self._kv_delivery_s(worker, now_s),
+            heapq.heappush(self._kv_queue, (self.config.kv_delivery_s(worker, now_s),
                                             self._num_kv_batches, worker, events))
         if core.has_work:
             self._start_step(worker, now_s)
         else:
             self.is_stepping[worker] = False
 
-    def _kv_delivery_s(self, worker: int, now_s: float) -> float:
-        """When KV events a worker recorded at ``now_s`` reach the gateway's index: at its
-        publisher's next flush (every ``kv_flush_s``, each worker at its own phase)."""
-        config = self.config
-        flush_s = config.kv_flush_s
-        if flush_s <= 0:
-            return now_s + config.kv_event_delay_s
-        phase_s = flush_s * worker / config.num_workers
-        num_ticks = math.floor((now_s - phase_s) / flush_s) + 1
-        return phase_s + num_ticks * flush_s + config.kv_event_delay_s
-
     def _heartbeat(self, worker: int, now_s: float) -> None:
-        figures = _figures(self.cores[worker])
+        figures = heartbeat_figures(self.cores[worker])
         if self.config.poll_interval_s > 0:
-            self._published[worker] = (now_s, figures)  # read by the gateway's next poll
+            self._published[worker] = (now_s, figures)  # read by each replica's next poll
+            self._num_heartbeats[worker] += 1
         else:
-            self._apply(worker, now_s, figures)
+            for replica in self.replicas:
+                replica.hear(worker, now_s, figures)
         self._next_heartbeat(worker, now_s + self.config.heartbeat_s, now_s)
 
-    def _poll(self, now_s: float) -> None:
+    def _poll(self, r: int, now_s: float) -> None:
+        """Replica ``r``'s FleetSync reads the latest heartbeats."""
+        replica = self.replicas[r]
+        num_heard, num_sent = replica.num_heard, self._num_heartbeats
         for worker, published in enumerate(self._published):
-            if published is not None:
-                self._apply(worker, *published)
-                self._published[worker] = None
+            if num_heard[worker] < num_sent[worker]:
+                assert published is not None
+                replica.hear(worker, *published)
+                num_heard[worker] = num_sent[worker]
             else:  # FleetSync re-reads the same heartbeat: the books since it stay
-                self.router.mark_changed(worker)
+                replica.router.mark_changed(worker)
         if self._num_arrived < self.config.num_requests or self._in_flight:
-            self._push(now_s + self.config.poll_interval_s, _POLL, -1)
+            self._push(now_s + self.config.poll_interval_s, _POLL, r)
 
-    def _scrape(self, now_s: float) -> None:
-        """FleetSync's scrape loop: every engine's ``/metrics`` at once; silent ones do not
-        answer (their figures age)."""
-        assert self.pages is not None
+    def _scrape(self, r: int, now_s: float) -> None:
+        """Replica ``r``'s FleetSync scrape loop: every engine's ``/metrics`` at once; silent
+        ones do not answer (their figures age)."""
+        pages = self.replicas[r].pages
+        assert pages is not None
         answering = range(self.config.num_silent_workers, self.config.num_workers)
         for worker in answering:
-            self.pages.scrape(worker, now_s)
-        self._scraped(answering, now_s)
+            pages.scrape(worker, now_s)
+        self._scraped(r, answering, now_s)
+        if self._has_work():
+            self._push(now_s + self.config.scrape_interval_s, _SCRAPE, r)
 
-    def _scraped(self, workers: range, now_s: float) -> None:
+    def _scraped(self, r: int, workers: range, now_s: float) -> None:
         config = self.config
+        router = self.replicas[r].router
         for worker in workers:
-            self.router.mark_changed(worker)
+            router.mark_changed(worker)
             if worker < config.num_silent_workers or config.scrape_interval_s > config.max_age_s:
                 self._push_stale(worker, now_s)
-        if self._has_work():
-            self._push(now_s + config.scrape_interval_s, _SCRAPE, -1)
 
     def _has_work(self) -> bool:
         return (self._num_arrived < self.config.num_requests or bool(self._in_flight)
                 or bool(self._dispatching))
-
-    def _apply(self, worker: int, observed_s: float, figures: EngineFigures) -> None:
-        """The gateway takes in a heartbeat observed at ``observed_s``, as ``FleetSync``."""
-        backend = self.backends[worker]
-        backend.load_source = "heartbeat"
-        (backend.num_running, backend.num_waiting, backend.kv_usage,
-         backend.num_queued_prefill_tokens, backend.num_prefix_kv_blocks) = figures
-        backend.load_observed(observed_s)
-        self.router.mark_changed(worker)
 
     def _next_heartbeat(self, worker: int, at_s: float, now_s: float) -> None:
         config = self.config
@@ -385,15 +387,6 @@ class Simulation:
         (see router.py)."""
         max_age_s = self.config.max_age_s
         self._push(observed_s + max_age_s * (1 + 1e-9) + 1e-9, _STALE, worker)
-
-
-# A heartbeat's load figures: running, waiting, KV usage, queued prefill tokens, prefix blocks.
-EngineFigures = tuple[int, int, float, int, int]
-
-
-def _figures(core: SimEngineCore) -> EngineFigures:
-    return (core.num_running, core.num_waiting, core.kv_usage, core.num_queued_prefill_tokens,
-            core.block_manager.num_prefix_blocks)
 
 
 def simulate(config: SimConfig, workload: Workload,

@@ -1,0 +1,240 @@
+"""The approximate index and the in-flight counts that gateway replicas share through Redis, in
+virtual time: the stream ``sy:approx`` as ``backends/fleet/approx_sync.py``'s ``ApproxIndexSync``
+runs it.
+
+Each replica's router hands every decision to its own ``ApproxIndexSync.record`` (the live code:
+the same prefix to the same backend within ``republish_s`` is not sent again). The rest is
+``ApproxIndexSync.run``'s loop with Redis one round trip ``rtt_s`` away (half of it each way):
+
+- a replica wakes when its ``XREAD`` reply arrives; it merges the other replicas' entries in it
+  (``ApproxPrefixIndex.merge``, each claim with its own time, rounded to the millisecond as the
+  stream's ``t`` field; a load entry to its ``PeerLoad.merge``), sets its backends' ``peer_*``
+  counts (``PeerLoad.apply``), then flushes what it recorded since its last flush and, when its
+  own in-flight counts changed (or a keepalive is due), a load entry (``PeerLoad.entry``):
+  pipelined ``XADD``s, in the stream half a round trip later, acknowledged a round trip later;
+  then it sends its next ``XREAD`` from the last entry it read;
+- an ``XREAD`` that finds unread entries when it reaches Redis (after a flush, this replica's
+  own) answers at once; one that finds none blocks until an entry is added or
+  ``flush_interval_s`` (its ``block=``) has passed. So an idle replica flushes every
+  ``flush_interval_s``, and busy replicas wake on each other's entries and flush every few
+  round trips.
+
+A claim (or a change of in-flight counts) thus reaches the other replicas between one round trip
+and ``flush_interval_s`` plus two round trips after the decision. ``flush_interval_s`` 0: every
+claim reaches the others at once, as the decision is made (an ideal shared index), and so do the
+counts (``load_changed``, after each change of a replica's books).
+
+``PeerLoad`` runs as live, on the simulation's clock: every call passes ``now_s``.
+
+Example::
+
+    share = ApproxShare([r.router.approx_index for r in replicas], ttl_s=600.0,
+                        push=lambda at_s, replica: ..., has_work=lambda: True,
+                        peers=[PeerLoad(registry, "r0", clock=no_clock), ...],
+                        peer_backends=[registry.backends, ...],
+                        peer_changed=lambda replica, backend: ...)
+    router.on_record = share.recorder(0)   # replica 0's decisions go out
+    share.start(0.0)                       # every replica sends its first XREAD
+    share.wake(1, now_s)                   # at each time push() asked for
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from inspect import signature
+from typing import cast
+
+import redis.asyncio as aioredis
+
+from backends.fleet.approx_sync import ApproxIndexSync
+from backends.fleet.peer_load import LOAD_FIELD, PeerLoad
+from backends.fleet.registry import Backend
+from routing.index_approx import ApproxPrefixIndex
+
+# ApproxIndexSync's batching interval, which is also its XREAD's block time.
+FLUSH_INTERVAL_S: float = signature(ApproxIndexSync).parameters["flush_interval_s"].default
+Claim = tuple[tuple[int, ...], str, float]  # (character-block chain, backend, recorded_s)
+_LOAD_KEY = LOAD_FIELD.decode()
+
+
+def no_clock() -> float:
+    """``PeerLoad``'s clock here: the simulation passes ``now_s`` to every call."""
+    raise RuntimeError("in virtual time, pass now_s")
+
+
+class _Sync(ApproxIndexSync):
+    """``ApproxIndexSync`` without Redis: ``record`` as live, ``take`` hands over what its next
+    ``flush`` would send."""
+
+    def __init__(self, index: ApproxPrefixIndex, replica_id: str, ttl_s: float) -> None:
+        super().__init__(cast(aioredis.Redis, None), index, replica_id, ttl_s=ttl_s)
+
+    def take(self) -> list[Claim]:
+        pending, self._pending = self._pending, []
+        return pending
+
+
+class ApproxShare:
+    """``sy:approx`` between the replicas whose indexes are given, and their ``peers`` (one
+    ``PeerLoad`` each, over a registry of ``peer_backends[r]``; None: no load entries); see the
+    module docstring. ``peer_changed(r, i)``: replica ``r``'s backend ``i`` has new ``peer_*``
+    counts."""
+
+    def __init__(self, indexes: Sequence[ApproxPrefixIndex], *, ttl_s: float,
+                 push: Callable[[float, int], None], has_work: Callable[[], bool],
+                 flush_interval_s: float = FLUSH_INTERVAL_S, rtt_s: float = 0.001,
+                 peers: Sequence[PeerLoad] | None = None,
+                 peer_backends: Sequence[Sequence[Backend]] = (),
+                 peer_changed: Callable[[int, int], None] = lambda replica, backend: None,
+                 ) -> None:
+        if flush_interval_s < 0 or rtt_s < 0:
+            raise ValueError("need flush_interval_s >= 0 and rtt_s >= 0")
+        if peers is not None and not len(peers) == len(peer_backends) == len(indexes):
+            raise ValueError("need one PeerLoad, and the backends of its registry, per replica")
+        self.peer_backends = [list(backends) for backends in peer_backends]
+        self.peers = None if peers is None else list(peers)
+        self._peer_changed = peer_changed
+        self.indexes = list(indexes)
+        self.syncs = [_Sync(index, f"r{i}", ttl_s) for i, index in enumerate(self.indexes)]
+        self.flush_interval_s = flush_interval_s
+        self.rtt_s = rtt_s
+        self._push = push
+        self._has_work = has_work
+        num_replicas = len(self.indexes)
+        # The stream's unread tail: when each flush's entries were added, by whom, their claims
+        # and load entry (None: none).
+        self._added_s: list[float] = []
+        self._entries: list[tuple[int, list[Claim], bytes | None]] = []
+        self._base = 0  # the stream position of _entries[0]
+        self._read = [0] * num_replicas  # stream position each replica has read up to
+        self._at_redis_s = [0.0] * num_replicas  # when its pending XREAD reaches Redis
+        self._wake_s = [math.inf] * num_replicas  # when that XREAD's reply arrives
+        self.num_flushes = 0
+        self.num_claims_sent = 0
+        self.num_loads_sent = 0
+
+    @property
+    def is_at_once(self) -> bool:
+        return self.flush_interval_s == 0
+
+    def recorder(self, replica: int) -> Callable[[tuple[int, ...], str, float], None]:
+        """The ``Router.on_record`` hook of ``replica``."""
+        sync = self.syncs[replica]
+        if not self.is_at_once:
+            return sync.record
+
+        def record_at_once(char_hashes: tuple[int, ...], backend: str, recorded_s: float) -> None:
+            sync.record(char_hashes, backend, recorded_s)
+            claims = sync.take()
+            self.num_claims_sent += len(claims)
+            for other in range(len(self.indexes)):
+                if other != replica and claims:
+                    self._merge(other, claims, recorded_s)
+
+        return record_at_once
+
+    def start(self, now_s: float) -> None:
+        """Every replica sends its first ``XREAD`` (it caught up on an empty stream)."""
+        if not self.is_at_once:
+            for replica in range(len(self.indexes)):
+                self._send_read(replica, now_s)
+
+    def wake(self, replica: int, now_s: float) -> None:
+        """The time ``push`` asked for: ``replica``'s ``XREAD`` reply, unless a sooner one
+        replaced it."""
+        if now_s != self._wake_s[replica]:
+            return
+        half_s = self.rtt_s / 2
+        start = self._read[replica] - self._base
+        end = bisect_right(self._added_s, now_s - half_s, lo=start)
+        self._read[replica] = self._base + end
+        claims: list[Claim] = []
+        peers = None if self.peers is None else self.peers[replica]
+        for source, entries, load in self._entries[start:end]:
+            if source == replica:
+                continue
+            claims += entries
+            if load is not None and peers is not None:
+                peers.merge(f"r{source}", load, now_s)
+        if claims:
+            self._merge(replica, claims, now_s)
+        if peers is not None:
+            self._apply(replica, now_s)
+        self._trim()
+        pending = self.syncs[replica].take()
+        entry = None if peers is None else peers.entry(now_s)
+        load = None if entry is None else entry[_LOAD_KEY]
+        if not pending and load is None:
+            self._send_read(replica, now_s)
+            return
+        self.num_flushes += 1
+        self.num_claims_sent += len(pending)
+        self.num_loads_sent += load is not None
+        added_s = now_s + half_s
+        self._added_s.append(added_s)
+        self._entries.append((replica, pending, load))
+        for other, at_redis_s in enumerate(self._at_redis_s):
+            if other == replica:
+                continue
+            reply_s = max(at_redis_s, added_s) + half_s
+            if reply_s < self._wake_s[other]:
+                self._wake_s[other] = reply_s
+                self._push(reply_s, other)
+        self._send_read(replica, now_s + self.rtt_s)  # after the pipeline's reply
+
+    def _send_read(self, replica: int, sent_s: float) -> None:
+        half_s = self.rtt_s / 2
+        at_redis_s = self._at_redis_s[replica] = sent_s + half_s
+        if self._read[replica] < self._base + len(self._entries):
+            reply_s = at_redis_s + half_s  # unread entries: every one was added by now
+        elif self._has_work():
+            reply_s = at_redis_s + self.flush_interval_s + half_s  # the block times out
+        else:
+            self._wake_s[replica] = math.inf  # the run is over: no more reads
+            return
+        self._wake_s[replica] = reply_s
+        self._push(reply_s, replica)
+
+    def load_changed(self, replica: int, now_s: float) -> None:
+        """``replica``'s books changed at ``now_s``: with ``flush_interval_s`` 0, the others
+        hear its counts at once (else its next flush sends them)."""
+        if not self.is_at_once or self.peers is None:
+            return
+        entry = self.peers[replica].entry(now_s)
+        if entry is None:
+            return
+        self.num_loads_sent += 1
+        for other, peers in enumerate(self.peers):
+            if other != replica:
+                peers.merge(f"r{replica}", entry[_LOAD_KEY], now_s)
+                self._apply(other, now_s)
+
+    def _apply(self, replica: int, now_s: float) -> None:
+        """``PeerLoad.apply`` at ``now_s``; each backend whose ``peer_*`` counts it changed goes
+        to ``peer_changed``."""
+        assert self.peers is not None
+        peers = self.peers[replica]
+        backends = self.peer_backends[replica]
+        before = [(b.peer_in_flight, b.peer_in_flight_tokens, b.peer_in_flight_prompt_tokens)
+                  for b in backends]
+        peers.apply(now_s)
+        for i, backend in enumerate(backends):
+            if before[i] != (backend.peer_in_flight, backend.peer_in_flight_tokens,
+                             backend.peer_in_flight_prompt_tokens):
+                self._peer_changed(replica, i)
+
+    def _merge(self, replica: int, claims: Sequence[Claim], now_s: float) -> None:
+        """As ``ApproxIndexSync._merge``: one claim per block hash, at the stream's time."""
+        self.indexes[replica].merge(
+            [(h, backend, round(recorded_s, 3)) for chain, backend, recorded_s in claims
+             for h in chain], now_s=now_s)
+
+    def _trim(self) -> None:
+        """Drop the entries every replica has read."""
+        num_read = min(self._read) - self._base
+        if num_read >= 256:
+            del self._added_s[:num_read]
+            del self._entries[:num_read]
+            self._base += num_read
