@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from bench.common.fleet_modes import Mode, describe, wait_for_backends
-from bench.routing.fleet import MODEL, FleetSpec, RoutingFleet, _gateway_settings
+from bench.routing.fleet import MODEL, FleetSpec, RoutingFleet, gateway_settings, start_workers
 from gateway.cli.localfleet import GatewayProc, LocalFleet, admin_client, create_tenant
 from gateway.cli.localproc import free_port, python_module_argv, wait_http
 
@@ -127,7 +127,7 @@ class ReplicaFleet:
 
 
 def _settings(spec: ReplicaSpec, worker_urls: list[str]) -> dict[str, Any]:
-    settings = _gateway_settings(spec.routing_spec, worker_urls)
+    settings = gateway_settings(spec.routing_spec, worker_urls)
     if not spec.is_shared:
         settings["state"] = "memory"
     return settings
@@ -138,14 +138,7 @@ def replica_fleet(spec: ReplicaSpec, workdir: Path) -> Iterator[ReplicaFleet]:
     """Start redis, the workers, ``spec.num_replicas`` gateways and the front; stop them all
     on exit."""
     with LocalFleet(workdir, grace_s=5) as local:
-        flags: list[str] = []
-        if spec.num_kv_blocks is not None:
-            flags += ["--num-kv-blocks", str(spec.num_kv_blocks)]
-        if spec.speed_factor is not None:
-            flags += ["--speed-factor", str(spec.speed_factor)]
-        is_own = spec.mode == "own"
-        worker_urls = local.start_sims(spec.num_workers, model=MODEL, has_redis=is_own,
-                                       flags=flags, health_timeout_s=None if is_own else 30)
+        worker_urls = start_workers(local, spec.routing_spec)
         settings = _settings(spec, worker_urls)
         replicas = [local.start_gateway(settings, name=f"gateway-{i}", ready_timeout_s=None)
                     for i in range(spec.num_replicas)]

@@ -78,7 +78,7 @@ class RoutingFleet:
     backends: Mapping[str, Any]  # how the gateway knows them (`bench.common.fleet_modes.describe`)
 
 
-def _gateway_settings(spec: FleetSpec, worker_urls: list[str]) -> dict[str, Any]:
+def gateway_settings(spec: FleetSpec, worker_urls: list[str]) -> dict[str, Any]:
     routing: dict[str, Any] = {"profile": spec.profile}
     if spec.index == "exact":
         routing["tokenizers"] = {MODEL: "approx"}
@@ -90,21 +90,26 @@ def _gateway_settings(spec: FleetSpec, worker_urls: list[str]) -> dict[str, Any]
             "log_level": "warning"}
 
 
+def start_workers(fleet: LocalFleet, spec: FleetSpec) -> list[str]:
+    """The spec's simulated workers in ``fleet``; their base URLs. Third-party: up (healthy)
+    before the gateway, whose first look reads their profiles before it serves. Own mode: the
+    workers join the gateway through Redis whenever both are up."""
+    flags = []
+    if spec.num_kv_blocks is not None:
+        flags += ["--num-kv-blocks", str(spec.num_kv_blocks)]
+    if spec.speed_factor is not None:
+        flags += ["--speed-factor", str(spec.speed_factor)]
+    is_own = spec.mode == "own"
+    return fleet.start_sims(spec.num_workers, model=MODEL, has_redis=is_own, flags=flags,
+                            health_timeout_s=None if is_own else 30)
+
+
 @contextmanager
 def routing_fleet(spec: FleetSpec, workdir: Path) -> Iterator[RoutingFleet]:
     """Start redis, the workers and the gateway; stop them all on exit."""
     with LocalFleet(workdir, grace_s=5) as fleet:
-        flags = []
-        if spec.num_kv_blocks is not None:
-            flags += ["--num-kv-blocks", str(spec.num_kv_blocks)]
-        if spec.speed_factor is not None:
-            flags += ["--speed-factor", str(spec.speed_factor)]
-        # Third-party: up before the gateway, whose first look reads their profiles before it
-        # serves. Own mode: the workers join the gateway through Redis whenever both are up.
-        is_own = spec.mode == "own"
-        worker_urls = fleet.start_sims(spec.num_workers, model=MODEL, has_redis=is_own,
-                                       flags=flags, health_timeout_s=None if is_own else 30)
-        gateway = fleet.start_gateway(_gateway_settings(spec, worker_urls),
+        worker_urls = start_workers(fleet, spec)
+        gateway = fleet.start_gateway(gateway_settings(spec, worker_urls),
                                       ready_path="/healthz", ready_timeout_s=30)
         snapshot = wait_for_backends(gateway.url, fleet.admin_token, spec.num_workers,
                                      spec.mode, fleet.group)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -13,15 +12,6 @@ from backends.fleet.approx_sync import APPROX_STREAM, ApproxIndexSync
 from backends.publisher import pack_hashes
 from routing.index_approx import ApproxPrefixIndex
 from routing.prefix import char_block_hashes
-
-
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url)
-    await client.delete(APPROX_STREAM)
-    yield client
-    await client.delete(APPROX_STREAM)
-    await client.aclose()
 
 
 async def _until(predicate: object, timeout_s: float = 3.0) -> bool:
@@ -33,7 +23,8 @@ async def _until(predicate: object, timeout_s: float = 3.0) -> bool:
     return False
 
 
-async def test_two_replicas_converge_and_a_late_one_catches_up(redis: aioredis.Redis) -> None:
+async def test_two_replicas_converge_and_a_late_one_catches_up(
+        approx_redis: aioredis.Redis) -> None:
     text_a = "system prompt of tenant A " * 20
     text_b = "system prompt of tenant B " * 20
     chain_a = tuple(char_block_hashes(text_a, 64, "m"))
@@ -41,7 +32,7 @@ async def test_two_replicas_converge_and_a_late_one_catches_up(redis: aioredis.R
     replicas = []
     for name in ("gw-1", "gw-2"):
         index = ApproxPrefixIndex(ttl_s=60)
-        sync = ApproxIndexSync(redis, index, name, ttl_s=60, flush_interval_s=0.02)
+        sync = ApproxIndexSync(approx_redis, index, name, ttl_s=60, flush_interval_s=0.02)
         await sync.catch_up()
         replicas.append((index, sync, asyncio.create_task(sync.run())))
     try:
@@ -56,7 +47,7 @@ async def test_two_replicas_converge_and_a_late_one_catches_up(redis: aioredis.R
         assert await _until(lambda: index_1.match(chain_b, time.time()).num_blocks.get("w3")
                             == len(chain_b))
         late = ApproxPrefixIndex(ttl_s=60)
-        await ApproxIndexSync(redis, late, "gw-3", ttl_s=60).catch_up()
+        await ApproxIndexSync(approx_redis, late, "gw-3", ttl_s=60).catch_up()
         assert late.match(chain_a, time.time()).num_blocks == {"w0": len(chain_a)}
         assert late.match(chain_b, time.time()).num_blocks == {"w3": len(chain_b)}
     finally:
@@ -67,22 +58,22 @@ async def test_two_replicas_converge_and_a_late_one_catches_up(redis: aioredis.R
                 await task
 
 
-async def test_expired_claims_are_not_caught_up(redis: aioredis.Redis) -> None:
+async def test_expired_claims_are_not_caught_up(approx_redis: aioredis.Redis) -> None:
     chain = tuple(char_block_hashes("x" * 256, 64, "m"))
-    writer = ApproxIndexSync(redis, ApproxPrefixIndex(ttl_s=60), "gw-1", ttl_s=60)
+    writer = ApproxIndexSync(approx_redis, ApproxPrefixIndex(ttl_s=60), "gw-1", ttl_s=60)
     writer.record(chain, "w0", time.time() - 120)  # recorded two minutes ago
     await writer.flush()
     late = ApproxPrefixIndex(ttl_s=60)
-    await ApproxIndexSync(redis, late, "gw-2", ttl_s=60).catch_up()
+    await ApproxIndexSync(approx_redis, late, "gw-2", ttl_s=60).catch_up()
     assert late.match(chain, time.time()).num_blocks == {}
 
 
-async def test_a_decision_just_sent_is_not_sent_again(redis: aioredis.Redis) -> None:
+async def test_a_decision_just_sent_is_not_sent_again(approx_redis: aioredis.Redis) -> None:
     """The same prefix to the same backend within republish_s adds no stream entry; another
     backend, another prefix, or the same one later does."""
     chain = tuple(char_block_hashes("a hot system prompt " * 20, 64, "m"))
     other = tuple(char_block_hashes("another prompt entirely " * 20, 64, "m"))
-    sync = ApproxIndexSync(redis, ApproxPrefixIndex(ttl_s=60), "gw-1", ttl_s=60,
+    sync = ApproxIndexSync(approx_redis, ApproxPrefixIndex(ttl_s=60), "gw-1", ttl_s=60,
                            republish_s=0.25)
     now_s = time.time()
     for offset_s in (0.0, 0.1, 0.2):
@@ -92,7 +83,7 @@ async def test_a_decision_just_sent_is_not_sent_again(redis: aioredis.Redis) -> 
     sync.record(chain, "w0", now_s + 0.3)  # 0.3 s after the first send: sent again
     sync.record((), "w0", now_s)  # a prompt shorter than a block: nothing to share
     await sync.flush()
-    entries = await redis.xrange(APPROX_STREAM)
+    entries = await approx_redis.xrange(APPROX_STREAM)
     assert [(e[b"b"], float(e[b"t"]) - now_s) for _, e in entries] == [
         (b"w0", pytest.approx(0.0, abs=1e-3)), (b"w1", pytest.approx(0.2, abs=1e-3)),
         (b"w0", pytest.approx(0.2, abs=1e-3)), (b"w0", pytest.approx(0.3, abs=1e-3))]
@@ -100,15 +91,15 @@ async def test_a_decision_just_sent_is_not_sent_again(redis: aioredis.Redis) -> 
 
 
 async def test_an_entry_added_while_the_catch_up_reply_travelled_is_read(
-        redis: aioredis.Redis) -> None:
+        approx_redis: aioredis.Redis) -> None:
     """The stream was empty when the catch-up read it; another replica's entry landed, stamped
     by Redis's clock, before the reply reached this replica: the read that follows still gets it."""
     chain = tuple(char_block_hashes("a prompt sent just then " * 10, 64, "m"))
     index = ApproxPrefixIndex(ttl_s=60)
-    sync = ApproxIndexSync(redis, index, "gw-1", ttl_s=60, flush_interval_s=0.02)
+    sync = ApproxIndexSync(approx_redis, index, "gw-1", ttl_s=60, flush_interval_s=0.02)
     await sync.catch_up()  # nothing in the stream
     landed_ms = int(time.time() * 1000) - 50  # 50 ms before this replica's "now"
-    await redis.xadd(APPROX_STREAM, {"r": "gw-2", "b": "w5", "t": f"{time.time():.3f}",
+    await approx_redis.xadd(APPROX_STREAM, {"r": "gw-2", "b": "w5", "t": f"{time.time():.3f}",
                                      "h": pack_hashes(chain)}, id=f"{landed_ms}-0")
     task = asyncio.create_task(sync.run())
     try:

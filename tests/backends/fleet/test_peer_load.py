@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-import pytest
 import redis.asyncio as aioredis
 
 from backends.fleet.approx_sync import APPROX_STREAM, ApproxIndexSync
@@ -80,20 +78,12 @@ def test_books_only_backends_count_the_peers_requests_as_running() -> None:
     assert a.state(0.0).num_running == 4
 
 
-@pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url)
-    await client.delete(APPROX_STREAM)
-    yield client
-    await client.delete(APPROX_STREAM)
-    await client.aclose()
-
-
-async def test_replicas_hear_each_others_load_through_the_stream(redis: aioredis.Redis) -> None:
+async def test_replicas_hear_each_others_load_through_the_stream(
+        approx_redis: aioredis.Redis) -> None:
     registries = [_registry(), _registry()]
     tasks = []
     for name, registry in zip(("gw-1", "gw-2"), registries, strict=True):
-        sync = ApproxIndexSync(redis, ApproxPrefixIndex(ttl_s=60), name, ttl_s=60,
+        sync = ApproxIndexSync(approx_redis, ApproxPrefixIndex(ttl_s=60), name, ttl_s=60,
                                flush_interval_s=0.02, peers=PeerLoad(registry, name))
         await sync.catch_up()
         tasks.append(asyncio.create_task(sync.run()))
@@ -105,7 +95,7 @@ async def test_replicas_hear_each_others_load_through_the_stream(redis: aioredis
         while time.monotonic() < deadline and seen.peer_in_flight != 3:
             await asyncio.sleep(0.01)
         assert seen.peer_in_flight == 3 and seen.num_in_flight == 0
-        entries: Any = await redis.xrange(APPROX_STREAM)
+        entries: Any = await approx_redis.xrange(APPROX_STREAM)
         assert any(LOAD_FIELD in fields for _, fields in entries)
         # The requests end: the other replica hears that too.
         backend = registries[0].get("b")

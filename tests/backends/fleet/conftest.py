@@ -1,0 +1,20 @@
+"""Fixtures of the fleet tests: a client of the test Redis with the shared stream emptied."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from backends.fleet.approx_sync import APPROX_STREAM
+
+
+@pytest.fixture
+async def approx_redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """A client of the test Redis; ``sy:approx`` is empty before the test and after it."""
+    client = aioredis.Redis.from_url(redis_url)
+    await client.delete(APPROX_STREAM)
+    yield client
+    await client.delete(APPROX_STREAM)
+    await client.aclose()
