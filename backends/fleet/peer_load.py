@@ -47,6 +47,7 @@ class PeerLoad:
         self._sent: Counts | None = None
         self._sent_s = float("-inf")
         self._peers: dict[str, tuple[float, Counts]] = {}  # replica -> (heard at, its counts)
+        self._is_changed = False  # a count heard since the last apply
         self.num_merged = 0
 
     def own(self) -> Counts:
@@ -75,14 +76,19 @@ class PeerLoad:
         except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError, IndexError):
             return
         self._peers[name] = (self._clock() if now_s is None else now_s, counts)
+        self._is_changed = True
         self.num_merged += 1
 
     def apply(self, now_s: float | None = None) -> None:
-        """Set each backend's ``peer_*`` fields to the sums of the live replicas' counts."""
+        """Set each backend's ``peer_*`` fields to the sums of the live replicas' counts; a
+        pass over the backends only when a count was heard or a replica fell silent since."""
         now_s = self._clock() if now_s is None else now_s
-        for name in [n for n, (heard_s, _) in self._peers.items()
-                     if now_s - heard_s > self._expire_s]:
+        silent = [n for n, (heard_s, _) in self._peers.items() if now_s - heard_s > self._expire_s]
+        for name in silent:
             del self._peers[name]
+        if not (silent or self._is_changed):
+            return
+        self._is_changed = False
         sums: dict[str, list[int]] = {}
         for _, counts in self._peers.values():
             for name, (requests, tokens, prompt_tokens) in counts.items():
