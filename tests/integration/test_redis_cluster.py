@@ -177,14 +177,15 @@ def test_a_primary_fails_over_under_load(cluster: tuple[ProcessGroup, str, list[
         os.kill(pid, signal.SIGKILL)
         survivors = [p for p in ports if p != victim.port]
         assert wait_until(lambda: len(_primary_ports(survivors)) == 3, timeout_s=20)
-        time.sleep(1.0)  # load on the promoted replica
+        # Load on the promoted replica: until five requests in a row were admitted (bounded).
+        wait_until(lambda: statuses[-5:] == [200] * 5, timeout_s=15, interval_s=0.05)
     finally:
         stop.set()
         loader.join(timeout=30)
     if fail_mode == "open":
-        assert len(statuses) > 20 and set(statuses) == {200}, sorted(set(statuses))
+        assert len(statuses) >= 10 and set(statuses) == {200}, sorted(set(statuses))
     else:
-        assert statuses.count(200) > 20 and set(statuses) <= {200, 503}, sorted(set(statuses))
+        assert statuses.count(200) >= 10 and set(statuses) <= {200, 503}, sorted(set(statuses))
         assert all(r.headers.get("Retry-After") and r.json()["error"]["message"]
                    for r in refusals), [(r.headers, r.text) for r in refusals[:3]]
         assert statuses[-5:] == [200] * 5, statuses[-20:]  # recovered on the promoted replica
