@@ -38,8 +38,17 @@ SIM_MODEL = "switchyard-sim"
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[ProcessGroup, str, list[int]]]:
+    """Three primaries with a replica each: for the failover tests."""
     with ProcessGroup(log_dir=tmp_path) as group:
         url, ports = start_redis_cluster(group, tmp_path, primaries=3, replicas=1)
+        yield group, url, ports
+
+
+@pytest.fixture
+def primaries(tmp_path: Path) -> Iterator[tuple[ProcessGroup, str, list[int]]]:
+    """Three primaries, no replicas: quicker to start, for the tests that kill no node."""
+    with ProcessGroup(log_dir=tmp_path) as group:
+        url, ports = start_redis_cluster(group, tmp_path, primaries=3, replicas=0)
         yield group, url, ports
 
 
@@ -67,8 +76,8 @@ def _fleet_names(gateway: Gateway) -> set[str]:
 
 
 def test_two_gateways_and_a_fleet_share_one_cluster(
-        cluster: tuple[ProcessGroup, str, list[int]], tmp_path: Path) -> None:
-    group, url, ports = cluster
+        primaries: tuple[ProcessGroup, str, list[int]], tmp_path: Path) -> None:
+    group, url, ports = primaries
     base = free_port_range(4)
     group.spawn("sim", python_module_argv(
         "backends.sim", "--workers", "4", "--base-port", str(base), "--tokenizer", "approx",
@@ -139,6 +148,14 @@ def _primary_ports(ports: list[int]) -> list[int]:
     return found
 
 
+def _fallback_count(gateway: Gateway) -> float:
+    """Quota checks answered without Redis so far (failed open or closed)."""
+    metrics = httpx.get(gateway.url + "/metrics", timeout=5).text
+    return sum(float(line.split()[-1]) for line in metrics.splitlines()
+               if line.startswith(("switchyard_quota_fail_open_total",
+                                   "switchyard_quota_fail_closed_total")))
+
+
 @pytest.mark.parametrize("fail_mode", ["open", "closed"])
 def test_a_primary_fails_over_under_load(cluster: tuple[ProcessGroup, str, list[int]],
                                          tmp_path: Path, fail_mode: str) -> None:
@@ -177,18 +194,27 @@ def test_a_primary_fails_over_under_load(cluster: tuple[ProcessGroup, str, list[
         os.kill(pid, signal.SIGKILL)
         survivors = [p for p in ports if p != victim.port]
         assert wait_until(lambda: len(_primary_ports(survivors)) == 3, timeout_s=20)
-        # Load on the promoted replica: until five requests in a row were admitted (bounded).
-        wait_until(lambda: statuses[-5:] == [200] * 5, timeout_s=15, interval_s=0.05)
+        # Load on the promoted replica until the quota store answers from Redis again: five
+        # requests in a row admitted while neither fallback counter moved (bounded).
+        fallbacks = [_fallback_count(gateway)]
+
+        def answered_by_redis() -> bool:
+            fallbacks.append(_fallback_count(gateway))
+            return statuses[-5:] == [200] * 5 and len(fallbacks) >= 3 \
+                and fallbacks[-1] == fallbacks[-3]
+
+        recovered = wait_until(answered_by_redis, timeout_s=20, interval_s=0.1)
     finally:
         stop.set()
         loader.join(timeout=30)
+    assert recovered, (statuses[-20:], fallbacks[-5:])
+    assert fallbacks[-1] >= 1  # the failover window did send requests to the fallback
     if fail_mode == "open":
         assert len(statuses) >= 10 and set(statuses) == {200}, sorted(set(statuses))
     else:
         assert statuses.count(200) >= 10 and set(statuses) <= {200, 503}, sorted(set(statuses))
         assert all(r.headers.get("Retry-After") and r.json()["error"]["message"]
                    for r in refusals), [(r.headers, r.text) for r in refusals[:3]]
-        assert statuses[-5:] == [200] * 5, statuses[-20:]  # recovered on the promoted replica
     # No lease was left behind: the same one-at-a-time key is admitted every time.
     assert [_chat(gateway, key, MOCK_MODEL).status_code for _ in range(10)] == [200] * 10
 
