@@ -329,7 +329,7 @@ async def get_fleet(request: web.Request) -> web.Response:
             "num_queued_prefill_tokens": backend.num_queued_prefill_tokens,
             "num_prefix_kv_blocks": backend.num_prefix_kv_blocks,
             "num_in_flight": backend.num_in_flight, "num_ending": backend.num_ending,
-            "peer_in_flight": backend.peer_in_flight,
+            "peer_in_flight": backend.peer_in_flight, "peer_ending": backend.peer_ending,
             "load_source": backend.load_source,
             "breaker": {"state": backend.breaker.state, "reason": backend.breaker.reason or None,
                         "num_ejections": backend.breaker.num_ejections_total},

@@ -1,25 +1,38 @@
-"""What the other gateway replicas have in flight on each backend, so every replica routes on
-the whole fleet's dispatches and not on its own 1/N of them.
+"""What the other gateway replicas have in flight on each backend, and what they saw of it
+since the engine last reported, so every replica routes on the whole fleet's dispatches and not
+on its own 1/N of them.
 
 A replica counts the requests it sent (``Backend.num_in_flight`` and its token figures) at once,
 but an engine's own figures (heartbeat or ``/metrics``) reach it only every second or so; in
 between, with N replicas behind a round-robin balancer, it would see about 1/N of what was sent
 to each backend, and its balance guards would act late (``docs/benchmarks/vsim.md``, "Gateway
-replicas"). So each replica publishes its per-backend counts on the shared stream that carries
-the approximate index (``backends.fleet.approx_sync``), every flush (100 ms) while they change and
-every ``keepalive_s`` while they do not, and adds up what the others last said into each
-``Backend``'s ``peer_*`` fields; ``Backend.state`` adds those to its own. A replica not heard
-from for ``expire_s`` (stopped, or cut off from Redis) counts for nothing.
+replicas"). It corrects the engine's last figures by what it saw since, and with N replicas it
+too sees 1/N of that: the requests that finished, those the engine counted waiting that have had
+their first token, the streams on their last step.
 
-An entry carries the approximate index's fields too, empty (``b`` "", ``h`` no hashes), so a
-replica of an earlier version reads it as a claim on nothing.
+So each replica publishes, per backend, on the shared stream that carries the approximate index
+(``backends.fleet.approx_sync``), every flush (100 ms) while they change and every
+``keepalive_s`` while they do not: its requests in flight (requests, their tokens, their prompt
+tokens still to prefill), its streams on their last step, and the finishes and counted first
+tokens since its previous entry. Each replica adds up what the others last said of their
+levels into each ``Backend``'s ``peer_*`` fields, and adds the finishes and first tokens they
+told of to ``peer_finished_since_load`` / ``peer_started_since_load``, which start again from 0
+at its own next observation of the engine (as its own counts do; an entry lost on the way so
+skews the correction until then, no longer). ``Backend.state`` adds all of them to its own. A
+replica not heard from for ``expire_s`` (stopped, or cut off from Redis) counts for nothing.
+
+Wire: ``l`` is a JSON object, backend name -> ``[in flight, tokens, prompt tokens, ending,
+finished since, started since]``. A replica of the first version sends and reads the first
+three alone; the others then count as 0. An entry carries the approximate index's fields too,
+empty (``b`` "", ``h`` no hashes), so a replica of an earlier version reads it as a claim on
+nothing.
 
 Example::
 
     peers = PeerLoad(registry, replica_id="gw-1")
     fields = peers.entry(now_s)          # to XADD, or None when there is nothing new to say
     peers.merge(b"gw-2", fields[b"l"], now_s)
-    peers.apply(now_s)                   # Backend.peer_* = the sums of the others' counts
+    peers.apply(now_s)                   # Backend.peer_* from the others' counts
 """
 
 from __future__ import annotations
@@ -30,10 +43,21 @@ from typing import Any
 
 import orjson
 
-from backends.fleet.registry import BackendRegistry
+from backends.fleet.registry import Backend, BackendRegistry
 
 LOAD_FIELD = b"l"
-Counts = dict[str, tuple[int, int, int]]  # backend -> (in flight, their tokens, prompt tokens)
+# backend -> (in flight, their tokens, prompt tokens, streams ending): what a replica has now.
+Levels = dict[str, tuple[int, int, int, int]]
+# backend -> (finishes, counted first tokens): what a replica saw since its previous entry.
+Changes = dict[str, tuple[int, int]]
+_NO_CHANGE = (0, 0)
+
+
+def peer_counts(backend: Backend) -> tuple[int, ...]:
+    """A backend's ``peer_*`` fields: what ``PeerLoad.apply`` sets."""
+    return (backend.peer_in_flight, backend.peer_in_flight_tokens,
+            backend.peer_in_flight_prompt_tokens, backend.peer_ending,
+            backend.peer_finished_since_load, backend.peer_started_since_load)
 
 
 class PeerLoad:
@@ -44,26 +68,49 @@ class PeerLoad:
         self._keepalive_s = keepalive_s
         self._expire_s = expire_s
         self._clock = clock
-        self._sent: Counts | None = None
+        self._sent: Levels | None = None
         self._sent_s = float("-inf")
-        self._peers: dict[str, tuple[float, Counts]] = {}  # replica -> (heard at, its counts)
+        # Per backend, this replica's (finished, started) totals as its last entry told them.
+        self._told = {b.name: (b.num_finished_total, b.num_started_total)
+                      for b in registry.backends}
+        self._peers: dict[str, tuple[float, Levels]] = {}  # replica -> (heard at, its levels)
+        self._heard: dict[str, list[int]] = {}  # backend -> [finishes, first tokens] to apply
         self._is_changed = False  # a count heard since the last apply
         self.num_merged = 0
 
-    def own(self) -> Counts:
-        return {b.name: (b.num_in_flight, b.num_in_flight_tokens, b.num_in_flight_prompt_tokens)
+    def own(self) -> Levels:
+        return {b.name: (b.num_in_flight, b.num_in_flight_tokens, b.num_in_flight_prompt_tokens,
+                         b.num_ending)
                 for b in self._registry.backends if b.num_in_flight}
+
+    def _changes(self) -> Changes:
+        """The finishes and counted first tokens since the last entry, per backend."""
+        changes: Changes = {}
+        told = self._told
+        for b in self._registry.backends:
+            totals = (b.num_finished_total, b.num_started_total)
+            before = told.get(b.name, _NO_CHANGE)
+            if totals != before:
+                changes[b.name] = (totals[0] - before[0], totals[1] - before[1])
+                told[b.name] = totals
+        return changes
 
     def entry(self, now_s: float | None = None) -> dict[Any, Any] | None:
         """The stream entry to add now: this replica's counts, when they changed since the
         last one or ``keepalive_s`` has passed; else None."""
         now_s = self._clock() if now_s is None else now_s
-        counts = self.own()
-        if counts == self._sent and now_s - self._sent_s < self._keepalive_s:
+        levels = self.own()
+        changes = self._changes()
+        if not changes and levels == self._sent and now_s - self._sent_s < self._keepalive_s:
             return None
-        self._sent, self._sent_s = counts, now_s
+        self._sent, self._sent_s = levels, now_s
+        wire: dict[str, tuple[int, ...]] = {
+            name: (*counts, *changes.get(name, _NO_CHANGE)) for name, counts in levels.items()}
+        for name, change in changes.items():
+            if name not in wire:
+                wire[name] = (0, 0, 0, 0, *change)
         return {"r": self.replica_id, "b": "", "t": f"{time.time():.3f}", "h": b"",
-                LOAD_FIELD.decode(): orjson.dumps(counts)}
+                LOAD_FIELD.decode(): orjson.dumps(wire)}
 
     def merge(self, replica: bytes | str, payload: bytes, now_s: float | None = None) -> None:
         """Another replica's counts, as its entry said (a malformed one is ignored)."""
@@ -72,16 +119,26 @@ class PeerLoad:
             return
         try:
             raw = orjson.loads(payload)
-            counts = {str(k): (int(v[0]), int(v[1]), int(v[2])) for k, v in raw.items()}
-        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError, IndexError):
+            rows = {str(k): [int(x) for x in v[:6]] for k, v in raw.items()}
+        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
             return
-        self._peers[name] = (self._clock() if now_s is None else now_s, counts)
+        if any(len(row) < 3 for row in rows.values()):
+            return
+        levels: Levels = {}
+        for backend, row in rows.items():
+            row.extend([0] * (6 - len(row)))  # a replica of the first version: levels only
+            levels[backend] = (row[0], row[1], row[2], row[3])
+            if row[4] > 0 or row[5] > 0:
+                heard = self._heard.setdefault(backend, [0, 0])
+                heard[0] += max(0, row[4])
+                heard[1] += max(0, row[5])
+        self._peers[name] = (self._clock() if now_s is None else now_s, levels)
         self._is_changed = True
         self.num_merged += 1
 
     def apply(self, now_s: float | None = None) -> None:
-        """Set each backend's ``peer_*`` fields to the sums of the live replicas' counts; a
-        pass over the backends only when a count was heard or a replica fell silent since."""
+        """Set each backend's ``peer_*`` fields from the live replicas' counts; a pass over the
+        backends only when a count was heard or a replica fell silent since."""
         now_s = self._clock() if now_s is None else now_s
         silent = [n for n, (heard_s, _) in self._peers.items() if now_s - heard_s > self._expire_s]
         for name in silent:
@@ -90,19 +147,29 @@ class PeerLoad:
             return
         self._is_changed = False
         sums: dict[str, list[int]] = {}
-        for _, counts in self._peers.values():
-            for name, (requests, tokens, prompt_tokens) in counts.items():
-                total = sums.setdefault(name, [0, 0, 0])
+        for _, levels in self._peers.values():
+            for name, (requests, tokens, prompt_tokens, ending) in levels.items():
+                total = sums.setdefault(name, [0, 0, 0, 0])
                 total[0] += requests
                 total[1] += tokens
                 total[2] += prompt_tokens
+                total[3] += ending
+        heard, self._heard = self._heard, {}
         for backend in self._registry.backends:
-            requests, tokens, prompt_tokens = sums.get(backend.name, (0, 0, 0))
+            requests, tokens, prompt_tokens, ending = sums.get(backend.name, (0, 0, 0, 0))
             if (backend.peer_in_flight, backend.peer_in_flight_tokens,
-                    backend.peer_in_flight_prompt_tokens) != (requests, tokens, prompt_tokens):
+                    backend.peer_in_flight_prompt_tokens, backend.peer_ending) != (
+                    requests, tokens, prompt_tokens, ending):
                 backend.peer_in_flight = requests
                 backend.peer_in_flight_tokens = tokens
                 backend.peer_in_flight_prompt_tokens = prompt_tokens
+                backend.peer_ending = ending
+            news = heard.get(backend.name)
+            if news is not None:
+                if news[0]:
+                    backend.peer_finished_since_load += news[0]
+                if news[1]:
+                    backend.peer_started_since_load += news[1]
 
     @property
     def num_peers(self) -> int:

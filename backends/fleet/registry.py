@@ -72,11 +72,21 @@ class Backend:
     num_started_since_load: int = 0
     # Streams this gateway has in flight on their last step (``Router.nearly_done``).
     num_ending: int = 0
+    # Every request this gateway saw finish here, and every one counted into
+    # ``num_started_since_load``, ever: what ``backends.fleet.peer_load`` tells the other
+    # replicas (as the change since its last entry).
+    num_finished_total: int = 0
+    num_started_total: int = 0
     # What the other gateway replicas have in flight here, as they last said (at most about
-    # 0.1 s ago; ``backends.fleet.peer_load``): ``state`` adds it to this gateway's own.
+    # 0.1 s ago; ``backends.fleet.peer_load``): ``state`` adds it to this gateway's own. And
+    # their corrections to the engine's last figures: their streams on the last step, and the
+    # finishes and first tokens they told of since this gateway's last observation.
     peer_in_flight: int = 0
     peer_in_flight_tokens: int = 0
     peer_in_flight_prompt_tokens: int = 0
+    peer_ending: int = 0
+    peer_finished_since_load: int = 0
+    peer_started_since_load: int = 0
     # Outlier ejection from what its requests met (``BackendRegistry.request_failed``).
     breaker: Breaker = field(default_factory=Breaker)
     # Responses sent here that wait for their first byte: failed at once (``BackendDown``)
@@ -125,6 +135,7 @@ class Backend:
         self.num_in_flight_prompt_tokens -= pending_prefill_tokens
         if self.load_observed_s is not None and sent_s <= self.load_observed_s:
             self.num_started_since_load += 1
+            self.num_started_total += 1
 
     def book_ending(self) -> None:
         """A stream is on its last step: its slot counts as free (``BackendState.num_holding``).
@@ -141,6 +152,7 @@ class Backend:
         self.num_in_flight -= 1
         self.num_in_flight_tokens -= reserved_tokens
         self.num_finished_since_load += 1
+        self.num_finished_total += 1
         if not had_first_token:
             self.num_in_flight_prompt_tokens -= pending_prefill_tokens
 
@@ -151,6 +163,7 @@ class Backend:
         self.load_observed_s = observed_s
         if is_new:
             self.num_finished_since_load = self.num_started_since_load = 0
+            self.peer_finished_since_load = self.peer_started_since_load = 0
 
     def state(self, now_s: float) -> BackendState:
         """This backend as routing sees it at ``now_s`` (monotonic).
@@ -168,6 +181,7 @@ class Backend:
         # Sent here by this replica, and by the others as they last said.
         in_flight = self.num_in_flight + self.peer_in_flight
         in_flight_tokens = self.num_in_flight_tokens + self.peer_in_flight_tokens
+        num_ending = self.num_ending + self.peer_ending
         if self.load_source == "books":
             # The gateways' own counts: current, and all the engine runs if they are its only
             # clients. Beyond max_batch the engine queues; KV is what those requests reserved.
@@ -175,7 +189,7 @@ class Backend:
             max_batch = self.profile.max_batch
             num_running = in_flight if max_batch is None else min(in_flight, max_batch)
             # Beyond the slots the streams on their last step free as it ends.
-            num_waiting = max(0, in_flight - self.num_ending - num_running)
+            num_waiting = max(0, in_flight - num_ending - num_running)
             capacity = self.profile.kv_capacity_tokens
             kv_usage = min(1.0, in_flight_tokens / capacity) if capacity else 0.0
         else:
@@ -184,7 +198,7 @@ class Backend:
             # Those that finished since left the running ones (or, past them, the waiting ones).
             running = self.num_running_reported
             waiting = self.num_waiting - (running - self.num_running)
-            finished = self.num_finished_since_load
+            finished = self.num_finished_since_load + self.peer_finished_since_load
             num_running = max(0, running - finished)
             num_waiting = max(0, waiting - max(0, finished - running))
         state = BackendState(
@@ -195,7 +209,7 @@ class Backend:
             num_in_flight=in_flight, num_in_flight_tokens=in_flight_tokens,
             num_in_flight_prompt_tokens=(self.num_in_flight_prompt_tokens
                                          + self.peer_in_flight_prompt_tokens),
-            num_ending=self.num_ending, num_prefix_kv_blocks=self.num_prefix_kv_blocks,
+            num_ending=num_ending, num_prefix_kv_blocks=self.num_prefix_kv_blocks,
             source=self.source,
         )
         object.__setattr__(self, "_state", state)
@@ -207,7 +221,8 @@ class Backend:
         """What the engine last said it runs, with the requests it counted waiting that have
         had a first token since (they run now, and are waiting no more): the figure ``state``
         and ``admission.finishes`` subtract the ends seen after its report from."""
-        return self.num_running + min(self.num_started_since_load, self.num_waiting)
+        started = self.num_started_since_load + self.peer_started_since_load
+        return self.num_running + min(started, self.num_waiting)
 
     def mark_success(self) -> None:
         self.is_healthy = True

@@ -49,7 +49,7 @@ from typing import cast
 import redis.asyncio as aioredis
 
 from backends.fleet.approx_sync import ApproxIndexSync
-from backends.fleet.peer_load import LOAD_FIELD, PeerLoad
+from backends.fleet.peer_load import LOAD_FIELD, PeerLoad, peer_counts
 from backends.fleet.registry import Backend
 from routing.index_approx import ApproxPrefixIndex
 
@@ -217,12 +217,10 @@ class ApproxShare:
         assert self.peers is not None
         peers = self.peers[replica]
         backends = self.peer_backends[replica]
-        before = [(b.peer_in_flight, b.peer_in_flight_tokens, b.peer_in_flight_prompt_tokens)
-                  for b in backends]
+        before = [peer_counts(b) for b in backends]
         peers.apply(now_s)
         for i, backend in enumerate(backends):
-            if before[i] != (backend.peer_in_flight, backend.peer_in_flight_tokens,
-                             backend.peer_in_flight_prompt_tokens):
+            if before[i] != peer_counts(backend):
                 self._peer_changed(replica, i)
 
     def _merge(self, replica: int, claims: Sequence[Claim], now_s: float) -> None:

@@ -36,7 +36,7 @@ def test_entries_carry_changes_and_keepalives_only() -> None:
     assert peers.entry(now_s=10.1) is None  # nothing changed
     _send(registry, "a", 2)
     changed = peers.entry(now_s=10.2)
-    assert changed is not None and orjson.loads(changed["l"]) == {"a": [2, 200, 80]}
+    assert changed is not None and orjson.loads(changed["l"]) == {"a": [2, 200, 80, 0, 0, 0]}
     # Read by an earlier version as a claim on nothing: no backend, no hashes.
     assert changed["b"] == "" and changed["h"] == b"" and float(changed["t"]) > 0
     assert peers.entry(now_s=10.3) is None
@@ -63,6 +63,69 @@ def test_the_others_counts_add_to_routings_view_and_expire() -> None:
     assert b.state(2.0).num_in_flight == 1 and peers.num_peers == 2
     peers.apply(now_s=3.5)  # gw-2 silent for 3.5 s: gone
     assert (a.peer_in_flight, b.peer_in_flight) == (2, 0) and peers.num_peers == 1
+
+
+def test_finishes_and_first_tokens_travel_as_changes_until_the_next_observation() -> None:
+    """A replica tells the finishes and counted first tokens since its last entry; the others
+    subtract them from the engine's last figures, as their own, until they observe it again."""
+    sender, receiver = _registry(), _registry()
+    a = sender.get("a")
+    assert a is not None
+    a.load_observed(5.0)
+    _send(sender, "a", 3)  # sent at 4.0, before the engine's figures of 5.0
+    peers_out = PeerLoad(sender, "gw-2")
+    for _ in range(2):
+        a.book_first_token(pending_prefill_tokens=40, sent_s=4.0)  # counted waiting, runs now
+    a.book_finished(100, 0, had_first_token=True, was_ending=False)
+    entry = peers_out.entry(now_s=6.0)
+    assert entry is not None and orjson.loads(entry["l"]) == {"a": [2, 200, 40, 0, 1, 2]}
+    again = peers_out.entry(now_s=6.1)
+    assert again is None  # the changes went with the last entry; the levels are the same
+    a.book_finished(100, 0, had_first_token=True, was_ending=False)
+    a.book_finished(100, 40, had_first_token=False, was_ending=False)
+    last = peers_out.entry(now_s=6.2)
+    assert last is not None and orjson.loads(last["l"]) == {"a": [0, 0, 0, 0, 2, 0]}
+
+    seen = receiver.get("a")
+    assert seen is not None
+    seen.num_running, seen.num_waiting = 6, 4  # the engine's figures, read at 5.0
+    seen.load_observed(5.0)
+    peers_in = PeerLoad(receiver, "gw-1")
+    peers_in.merge("gw-2", entry["l"], now_s=6.0)
+    peers_in.merge("gw-2", last["l"], now_s=6.2)
+    peers_in.apply(now_s=6.2)
+    assert (seen.peer_finished_since_load, seen.peer_started_since_load) == (3, 2)
+    state = seen.state(6.2)
+    # 2 of the 4 waiting started (6 + 2 = 8 running), then 3 finished.
+    assert (state.num_running, state.num_waiting) == (5, 2)
+    seen.load_observed(7.0)  # a new observation counts them all itself
+    assert (seen.peer_finished_since_load, seen.peer_started_since_load) == (0, 0)
+    assert seen.state(7.0).num_running == 6
+
+
+def test_a_first_version_replicas_entry_counts_levels_only() -> None:
+    registry = _registry()
+    a = registry.get("a")
+    assert a is not None
+    a.load_source = "books"
+    peers = PeerLoad(registry, "gw-1")
+    peers.merge("gw-old", orjson.dumps({"a": [3, 300, 0]}), now_s=0.0)
+    peers.merge("gw-new", orjson.dumps({"a": [1, 100, 0, 1, 0, 0]}), now_s=0.0)
+    peers.merge("gw-bad", orjson.dumps({"a": [1, 2]}), now_s=0.0)  # too short: ignored
+    peers.apply(now_s=0.0)
+    assert (a.peer_in_flight, a.peer_ending, peers.num_peers) == (4, 1, 2)
+    # A stream on its last step frees its slot for routing, whichever replica sent it.
+    assert a.state(0.0).num_ending == 1
+
+
+def test_history_before_the_first_entry_is_not_told() -> None:
+    registry = _registry()
+    a = registry.get("a")
+    assert a is not None
+    _send(registry, "a", 1)
+    a.book_finished(100, 40, had_first_token=False, was_ending=False)
+    entry = PeerLoad(registry, "gw-1").entry(now_s=0.0)
+    assert entry is not None and orjson.loads(entry["l"]) == {}
 
 
 def test_books_only_backends_count_the_peers_requests_as_running() -> None:
@@ -105,7 +168,7 @@ async def test_replicas_hear_each_others_load_through_the_stream(
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline and seen.peer_in_flight:
             await asyncio.sleep(0.01)
-        assert seen.peer_in_flight == 0
+        assert seen.peer_in_flight == 0 and seen.peer_finished_since_load == 3
     finally:
         for task in tasks:
             task.cancel()
