@@ -242,6 +242,7 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
                                           ttl_s=settings.routing.approx_ttl_s,
                                           peers=PeerLoad(registry, replica_id))
             router.on_record = approx_sync.record
+            router.on_booked = approx_sync.notify
             try:
                 await approx_sync.catch_up()
             except REDIS_ERRORS as exc:

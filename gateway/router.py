@@ -163,6 +163,8 @@ class Router:
         self._broken_warned_s: dict[str, float] = {}
         # Called with each decision the approximate index learns (to share it with replicas).
         self.on_record: Callable[[tuple[int, ...], str, float], None] | None = None
+        # Called after each change of a backend's in-flight books (ApproxIndexSync.notify).
+        self.on_booked: Callable[[], None] | None = None
 
     # -- the request ----------------------------------------------------------------------
     def describe(self, model: str, body: dict[str, Any], tenant_id: str | None) -> RoutePlan:
@@ -337,6 +339,8 @@ class Router:
         plan.pending_prefill_tokens = max(0, plan.request.num_prompt_tokens
                                           - expected_cached_tokens)
         backend.book_started(plan.reserved_tokens, plan.pending_prefill_tokens)
+        if self.on_booked is not None:
+            self.on_booked()
         plan.expected_cached_tokens = expected_cached_tokens
         plan.claim_age_s = None
         if plan.request.char_hashes:
@@ -370,6 +374,8 @@ class Router:
 
     def first_token(self, backend: Backend, plan: RoutePlan) -> None:
         backend.book_first_token(plan.pending_prefill_tokens, plan.sent_s)
+        if self.on_booked is not None:
+            self.on_booked()
 
     def nearly_done(self, backend: Backend, plan: RoutePlan) -> None:
         """The request's stream is on its last step (one token left of its ``max_tokens``):
@@ -380,11 +386,15 @@ class Router:
         if not plan.is_ending:
             plan.is_ending = True
             backend.book_ending()
+            if self.on_booked is not None:
+                self.on_booked()
 
     def finished(self, backend: Backend, plan: RoutePlan, *, had_first_token: bool) -> None:
         backend.book_finished(plan.reserved_tokens, plan.pending_prefill_tokens,
                               had_first_token=had_first_token, was_ending=plan.is_ending)
         plan.is_ending = False
+        if self.on_booked is not None:
+            self.on_booked()
 
 
 def record_claim(approx_index: ApproxPrefixIndex, plan: RoutePlan, backend: str,

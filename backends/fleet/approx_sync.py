@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -56,6 +57,7 @@ class ApproxIndexSync:
         stream_maxlen: int = 200_000,
         republish_s: float = MIN_TTL_S / 4,
         peers: PeerLoad | None = None,
+        push_interval_s: float | None = 0.001,
     ) -> None:
         self._redis = redis
         self._index = index
@@ -63,6 +65,14 @@ class ApproxIndexSync:
         self.replica_id = replica_id
         self._ttl_s = ttl_s
         self._flush_interval_s = flush_interval_s
+        # Not None: a writer task of its own (on its own pooled connection) flushes as soon
+        # as ``notify`` says something changed, and then waits for the pipeline's reply and
+        # push_interval_s more before it flushes again (the cap on its rate), so a change goes
+        # out within a round trip or so even while XREAD blocks. None: the read loop flushes
+        # before each XREAD, and a change waits for the next XREAD reply: up to
+        # flush_interval_s when no other replica adds anything.
+        self._push_interval_s = push_interval_s
+        self._changed = asyncio.Event()
         self._stream_maxlen = stream_maxlen
         self._pending: list[tuple[tuple[int, ...], str, float]] = []
         self._last_id: bytes | str = "$"
@@ -86,6 +96,12 @@ class ApproxIndexSync:
             published.clear()  # forgetting costs one extra entry per prefix, nothing else
         published[key] = recorded_s
         self._pending.append((char_hashes, backend, recorded_s))
+        self._changed.set()
+
+    def notify(self) -> None:
+        """This replica's books changed (``Router.on_booked``): the writer flushes its counts
+        soon; never blocks."""
+        self._changed.set()
 
     async def catch_up(self) -> None:
         """Merge the claims other replicas made within the last ``ttl_s``."""
@@ -117,9 +133,39 @@ class ApproxIndexSync:
 
     async def run(self) -> None:
         """Until cancelled: publish local decisions, merge the other replicas'."""
+        if self._push_interval_s is None:
+            await self._read_loop(flush=True)
+            return
+        writer = asyncio.create_task(self._write_loop(), name="approx-index-sync-writer")
+        try:
+            await self._read_loop(flush=False)
+        finally:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+
+    async def _write_loop(self) -> None:
+        """Flush when something changed (or every ``flush_interval_s``, for the counts'
+        keepalive), at most once per round trip plus ``push_interval_s``."""
+        assert self._push_interval_s is not None
         while True:
+            with contextlib.suppress(TimeoutError):  # the counts' keepalive may be due
+                await asyncio.wait_for(self._changed.wait(), self._flush_interval_s)
+            self._changed.clear()
             try:
                 await self.flush()
+            except REDIS_ERRORS as exc:
+                log.warning("approximate index sync: %s", exc)
+                await asyncio.sleep(1.0)
+                continue
+            if self._push_interval_s > 0:
+                await asyncio.sleep(self._push_interval_s)
+
+    async def _read_loop(self, *, flush: bool) -> None:
+        while True:
+            try:
+                if flush:
+                    await self.flush()
                 replies: Any = await self._redis.xread(
                     {APPROX_STREAM: self._last_id}, count=10_000,
                     block=int(self._flush_interval_s * 1000))

@@ -11,14 +11,16 @@ too sees 1/N of that: the requests that finished, those the engine counted waiti
 their first token, the streams on their last step.
 
 So each replica publishes, per backend, on the shared stream that carries the approximate index
-(``backends.fleet.approx_sync``), every flush (100 ms) while they change and every
-``keepalive_s`` while they do not: its requests in flight (requests, their tokens, their prompt
-tokens still to prefill), its streams on their last step, and the finishes and counted first
-tokens since its previous entry. Each replica adds up what the others last said of their
-levels into each ``Backend``'s ``peer_*`` fields, and adds the finishes and first tokens they
-told of to ``peer_finished_since_load`` / ``peer_started_since_load``, which start again from 0
-at its own next observation of the engine (as its own counts do; an entry lost on the way so
-skews the correction until then, no longer). ``Backend.state`` adds all of them to its own. A
+(``backends.fleet.approx_sync``, whose writer flushes within a round trip or so of a change),
+as they change while another replica is listening, and every ``keepalive_s`` in any case (a
+replica alone sends only that, which is how a newcomer learns of it): its requests in flight
+(requests, their tokens, their prompt tokens still to prefill), its streams on their last step,
+and the finishes and counted first tokens since its previous entry. Each replica adds up what
+the others last said of their levels into each ``Backend``'s ``peer_*`` fields, and adds the
+finishes and first tokens they told of to ``peer_finished_since_load`` /
+``peer_started_since_load``, which start again from 0 at its own next observation of the
+engine (as its own counts do; an entry lost on the way so skews the correction until then, no
+longer). ``Backend.state`` adds all of them to its own. A
 replica not heard from for ``expire_s`` (stopped, or cut off from Redis) counts for nothing.
 
 Wire: ``l`` is a JSON object, backend name -> ``[in flight, tokens, prompt tokens, ending,
@@ -97,11 +99,19 @@ class PeerLoad:
 
     def entry(self, now_s: float | None = None) -> dict[Any, Any] | None:
         """The stream entry to add now: this replica's counts, when they changed since the
-        last one or ``keepalive_s`` has passed; else None."""
+        last one and another replica is listening, or when ``keepalive_s`` has passed; else
+        None."""
         now_s = self._clock() if now_s is None else now_s
         levels = self.own()
         changes = self._changes()
-        if not changes and levels == self._sent and now_s - self._sent_s < self._keepalive_s:
+        is_due = now_s - self._sent_s >= self._keepalive_s
+        if not self._peers:
+            # No other replica heard from: nobody to tell but a newcomer, which the keepalive
+            # tells this one exists (then it hears every change, as this one hears its).
+            if not is_due:
+                return None
+            changes = {}
+        elif not changes and levels == self._sent and not is_due:
             return None
         self._sent, self._sent_s = levels, now_s
         wire: dict[str, tuple[int, ...]] = {

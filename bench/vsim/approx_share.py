@@ -24,6 +24,16 @@ and ``flush_interval_s`` plus two round trips after the decision. ``flush_interv
 claim reaches the others at once, as the decision is made (an ideal shared index), and so do the
 counts (``load_changed``, after each change of a replica's books).
 
+With ``push_interval_s`` (``ApproxIndexSync``'s, not None) a writer task of its own flushes
+instead: woken by each change of the replica's books (``books_changed``, the router's
+``on_booked`` hook; a decision changes them too), it flushes at once, then waits for the
+pipeline's reply and ``push_interval_s`` more before it may flush again; the read loop only
+reads (an ``XREAD`` blocks until any replica, this one included, adds an entry). A change then
+reaches the others within about two round trips plus ``push_interval_s``, however busy or idle
+the replicas are. Without it, a change made while every replica's ``XREAD`` blocks waits for
+the first of them to time out: when the replicas go quiet together, they block together and
+time out together, ``flush_interval_s`` later (measured: ``docs/benchmarks/vsim.md``).
+
 ``PeerLoad`` runs as live, on the simulation's clock: every call passes ``now_s``.
 
 Example::
@@ -55,6 +65,8 @@ from routing.index_approx import ApproxPrefixIndex
 
 # ApproxIndexSync's batching interval, which is also its XREAD's block time.
 FLUSH_INTERVAL_S: float = signature(ApproxIndexSync).parameters["flush_interval_s"].default
+# Its writer task's cap (None: no writer; the read loop flushes).
+PUSH_INTERVAL_S: float | None = signature(ApproxIndexSync).parameters["push_interval_s"].default
 Claim = tuple[tuple[int, ...], str, float]  # (character-block chain, backend, recorded_s)
 _LOAD_KEY = LOAD_FIELD.decode()
 
@@ -88,6 +100,7 @@ class ApproxShare:
                  peers: Sequence[PeerLoad] | None = None,
                  peer_backends: Sequence[Sequence[Backend]] = (),
                  peer_changed: Callable[[int, int], None] = lambda replica, backend: None,
+                 push_interval_s: float | None = None,
                  ) -> None:
         if flush_interval_s < 0 or rtt_s < 0:
             raise ValueError("need flush_interval_s >= 0 and rtt_s >= 0")
@@ -114,6 +127,15 @@ class ApproxShare:
         self.num_flushes = 0
         self.num_claims_sent = 0
         self.num_loads_sent = 0
+        # push_interval_s not None: a writer task of its own (its own connection) flushes as
+        # the books change, at most once per round trip plus push_interval_s; the read loop
+        # only reads (ApproxIndexSync's push_interval_s). None: the read loop flushes.
+        self.has_writer = push_interval_s is not None and flush_interval_s > 0
+        self.push_interval_s = 0.0 if push_interval_s is None else push_interval_s
+        self._num_replicas = num_replicas
+        self.num_reads = 0
+        self._writer_at = [math.inf] * num_replicas  # when the writer's wake is due
+        self._writer_free_s = [0.0] * num_replicas  # when its last flush's reply and sleep end
 
     @property
     def is_at_once(self) -> bool:
@@ -144,8 +166,12 @@ class ApproxShare:
     def wake(self, replica: int, now_s: float) -> None:
         """The time ``push`` asked for: ``replica``'s ``XREAD`` reply, unless a sooner one
         replaced it."""
+        if replica >= self._num_replicas:
+            self._writer(replica - self._num_replicas, now_s)
+            return
         if now_s != self._wake_s[replica]:
             return
+        self.num_reads += 1
         half_s = self.rtt_s / 2
         start = self._read[replica] - self._base
         end = bisect_right(self._added_s, now_s - half_s, lo=start)
@@ -163,12 +189,20 @@ class ApproxShare:
         if peers is not None:
             self._apply(replica, now_s)
         self._trim()
+        if self.has_writer or not self._flush(replica, now_s, wake_self=False):
+            self._send_read(replica, now_s)  # the writer flushes; or nothing was to be sent
+            return
+        self._send_read(replica, now_s + self.rtt_s)  # after the pipeline's reply
+
+    def _flush(self, replica: int, now_s: float, *, wake_self: bool) -> bool:
+        """``ApproxIndexSync.flush`` at ``now_s``: False when it had nothing to send."""
+        half_s = self.rtt_s / 2
+        peers = None if self.peers is None else self.peers[replica]
         pending = self.syncs[replica].take()
         entry = None if peers is None else peers.entry(now_s)
         load = None if entry is None else entry[_LOAD_KEY]
         if not pending and load is None:
-            self._send_read(replica, now_s)
-            return
+            return False
         self.num_flushes += 1
         self.num_claims_sent += len(pending)
         self.num_loads_sent += load is not None
@@ -176,13 +210,36 @@ class ApproxShare:
         self._added_s.append(added_s)
         self._entries.append((replica, pending, load))
         for other, at_redis_s in enumerate(self._at_redis_s):
-            if other == replica:
+            if other == replica and not wake_self:
                 continue
             reply_s = max(at_redis_s, added_s) + half_s
             if reply_s < self._wake_s[other]:
                 self._wake_s[other] = reply_s
                 self._push(reply_s, other)
-        self._send_read(replica, now_s + self.rtt_s)  # after the pipeline's reply
+        return True
+
+    def _writer(self, replica: int, now_s: float) -> None:
+        """The writer task (``ApproxIndexSync._write_loop``), woken by a change: flush; when
+        it sent something, await the pipeline's reply, then sleep ``push_interval_s`` (the cap
+        on its rate) before it may flush again."""
+        if now_s != self._writer_at[replica]:
+            return
+        self._writer_at[replica] = math.inf
+        if self._flush(replica, now_s, wake_self=True):
+            self._writer_free_s[replica] = now_s + self.rtt_s + self.push_interval_s
+
+    def _kick(self, replica: int, now_s: float) -> None:
+        """``ApproxIndexSync.notify``: wake ``replica``'s writer (once it is free)."""
+        if self._writer_at[replica] == math.inf:
+            at_s = max(now_s, self._writer_free_s[replica])
+            self._writer_at[replica] = at_s
+            self._push(at_s, self._num_replicas + replica)
+
+    def books_changed(self, replica: int, now_s: float) -> None:
+        """``replica``'s books changed (or it made a decision) at ``now_s``: the router's
+        ``on_booked`` hook; with a writer of its own, that wakes the writer."""
+        if self.has_writer:
+            self._kick(replica, now_s)
 
     def _send_read(self, replica: int, sent_s: float) -> None:
         half_s = self.rtt_s / 2

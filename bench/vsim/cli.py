@@ -39,7 +39,7 @@ from typing import Any
 from backends.sim.profile import WorkerProfile
 from bench.common.fleet_modes import MODE_CHOICES, Mode, key_of, parse_modes
 from bench.run.workloads.base import TokenRange, WorkloadOptions
-from bench.vsim.approx_share import FLUSH_INTERVAL_S
+from bench.vsim.approx_share import FLUSH_INTERVAL_S, PUSH_INTERVAL_S
 from bench.vsim.metrics import RunResult
 from bench.vsim.modes import (
     comparison,
@@ -60,6 +60,10 @@ from bench.vsim.replica_report import (
 from bench.vsim.sim import SimConfig, Simulation
 from bench.vsim.sizing import capacity_per_worker, kv_blocks_for
 from bench.vsim.workloads import WORKLOAD_NAMES, Workload, build_workload
+
+
+def _ms_or_off(text: str) -> float | None:
+    return None if text == "off" else float(text)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -117,6 +121,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--share-flush-ms", type=float, default=FLUSH_INTERVAL_S * 1000,
         help="sy:approx batching interval and XREAD block (0: claims reach replicas at once)")
     add("--share-rtt-ms", type=float, default=1.0, help="sy:approx: a Redis round trip")
+    add("--share-push-ms", type=_ms_or_off,
+        default=None if PUSH_INTERVAL_S is None else PUSH_INTERVAL_S * 1000,
+        help="sy:approx: a writer task flushes as the books change, at most once per round "
+             "trip plus this many ms (off: the read loop flushes, before each XREAD)")
     args = parser.parse_args(argv)
     try:
         args.replicas = [int(n) for n in args.replicas.split(",") if n]
@@ -223,7 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                        num_silent_workers=args.silent_workers, warmup_fraction=args.warmup,
                        scrape_interval_s=args.scrape_s, cache_feedback=not args.no_cache_feedback,
                        share_flush_s=args.share_flush_ms / 1000,
-                       share_rtt_s=args.share_rtt_ms / 1000)
+                       share_rtt_s=args.share_rtt_ms / 1000,
+                       share_push_s=(None if args.share_push_ms is None
+                                     else args.share_push_ms / 1000))
     capacity = math.nan
     rate = args.rate
     if rate is None:

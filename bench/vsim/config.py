@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from backends.sim.profile import WorkerProfile
 from bench.common.fleet_modes import Mode
-from bench.vsim.approx_share import FLUSH_INTERVAL_S
+from bench.vsim.approx_share import FLUSH_INTERVAL_S, PUSH_INTERVAL_S
 from bench.vsim.profiles import MODEL
 
 
@@ -57,6 +57,9 @@ class SimConfig:
     peer_load: bool = True
     share_flush_s: float = FLUSH_INTERVAL_S  # ApproxIndexSync's batching / XREAD block
     share_rtt_s: float = 0.001  # a Redis round trip
+    # Not None: a writer task of its own flushes as the books change, at most once per round
+    # trip plus share_push_s (the read loop only reads); None: the read loop flushes.
+    share_push_s: float | None = PUSH_INTERVAL_S
 
     def kv_delivery_s(self, worker: int, now_s: float) -> float:
         """When KV events a worker recorded at ``now_s`` reach the gateway's index: at its

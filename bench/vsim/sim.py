@@ -161,6 +161,8 @@ class Simulation:
 
     def _booked(self, replica: int, now_s: float) -> None:
         """Replica ``replica``'s books changed at ``now_s``."""
+        if self.share is not None:
+            self.share.books_changed(replica, now_s)  # Router.on_booked: wakes the writer
         if self._share_load_at_once:
             assert self.share is not None
             self.share.load_changed(replica, now_s)
@@ -314,7 +316,7 @@ class Simulation:
                                  recorder.num_cached_tokens[index])
                 router.finished(worker, item.plan, had_first_token=True)
                 self.workload.finished(item.request)
-            if self._share_load_at_once:
+            if self.share is not None:
                 self._booked(item.replica, now_s)
         events = core.drain_kv_events()
         if events and self.router.exact_index is not None:

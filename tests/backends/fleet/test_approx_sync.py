@@ -109,3 +109,29 @@ async def test_an_entry_added_while_the_catch_up_reply_travelled_is_read(
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_a_writer_of_its_own_sends_while_every_read_blocks(
+        approx_redis: aioredis.Redis) -> None:
+    """With ``push_interval_s``, a decision goes out within that long although both replicas'
+    XREADs block for 5 s (nothing else is added)."""
+    chain = tuple(char_block_hashes("system prompt of tenant C " * 20, 64, "m"))
+    replicas = []
+    for name in ("gw-1", "gw-2"):
+        index = ApproxPrefixIndex(ttl_s=60)
+        sync = ApproxIndexSync(approx_redis, index, name, ttl_s=60, flush_interval_s=5.0,
+                               push_interval_s=0.005)
+        await sync.catch_up()
+        replicas.append((index, sync, asyncio.create_task(sync.run())))
+    try:
+        (_, sync_1, _), (index_2, _, _) = replicas
+        await asyncio.sleep(0.1)  # both XREADs are blocking now
+        sync_1.record(chain, "w1", time.time())
+        assert await _until(lambda: index_2.match(chain, time.time()).num_blocks.get("w1")
+                            == len(chain), timeout_s=1.0)
+    finally:
+        for _, _, task in replicas:
+            task.cancel()
+        for _, _, task in replicas:
+            with pytest.raises(asyncio.CancelledError):
+                await task

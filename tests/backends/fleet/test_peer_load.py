@@ -33,8 +33,12 @@ def test_entries_carry_changes_and_keepalives_only() -> None:
     peers = PeerLoad(registry, "gw-1", keepalive_s=1.0)
     first = peers.entry(now_s=10.0)
     assert first is not None and orjson.loads(first["l"]) == {}
-    assert peers.entry(now_s=10.1) is None  # nothing changed
-    _send(registry, "a", 2)
+    _send(registry, "a", 1)
+    assert peers.entry(now_s=10.05) is None  # alone: nobody to tell until the keepalive
+    peers.merge("gw-2", orjson.dumps({}), now_s=10.05)  # another replica is heard
+    assert peers.entry(now_s=10.1) is not None
+    assert peers.entry(now_s=10.15) is None  # nothing changed
+    _send(registry, "a", 1)
     changed = peers.entry(now_s=10.2)
     assert changed is not None and orjson.loads(changed["l"]) == {"a": [2, 200, 80, 0, 0, 0]}
     # Read by an earlier version as a claim on nothing: no backend, no hashes.
@@ -74,6 +78,7 @@ def test_finishes_and_first_tokens_travel_as_changes_until_the_next_observation(
     a.load_observed(5.0)
     _send(sender, "a", 3)  # sent at 4.0, before the engine's figures of 5.0
     peers_out = PeerLoad(sender, "gw-2")
+    peers_out.merge("gw-1", orjson.dumps({}), now_s=5.5)  # the receiver is listening
     for _ in range(2):
         a.book_first_token(pending_prefill_tokens=40, sent_s=4.0)  # counted waiting, runs now
     a.book_finished(100, 0, had_first_token=True, was_ending=False)
