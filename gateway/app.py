@@ -240,7 +240,8 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             replica_id = new_request_id()
             approx_sync = ApproxIndexSync(redis, router.approx_index, replica_id,
                                           ttl_s=settings.routing.approx_ttl_s,
-                                          peers=PeerLoad(registry, replica_id))
+                                          peers=PeerLoad(registry, replica_id),
+                                          push_interval_s=settings.routing.share_push_ms / 1000)
             router.on_record = approx_sync.record
             router.on_booked = approx_sync.notify
             try:

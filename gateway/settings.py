@@ -253,6 +253,11 @@ class RoutingSettings(_Strict):
         16.0, ge=0.0, le=4096.0,
         description="MiB of token ids of chat segments kept, so a repeated system prompt or "
                     "an earlier turn is not tokenized again (LRU; 0 turns it off)")
+    share_push_ms: float = Field(
+        1.0, ge=0.0, le=1000.0,
+        description="with several replicas: each sends a change of its in-flight counts or "
+                    "index within a Redis round trip plus this many ms; more costs Redis and "
+                    "each replica less CPU, and the others route on older counts")
     max_load_age_s: float = Field(5.0, gt=0)
     discover_workers: bool = True
     expose_backend_header: bool = True

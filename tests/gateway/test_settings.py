@@ -145,6 +145,8 @@ def test_every_error_is_reported_with_file_line_and_path(tmp_path: Path) -> None
                      2, "backends[0].name", "letters", id="bad-backend-name"),
         pytest.param("listen: 5\n", 1, "listen", "dictionary", id="section-not-a-mapping"),
         pytest.param("state: disk\n", 1, "state", "'redis' or 'memory'", id="unknown-state"),
+        pytest.param("routing:\n  share_push_ms: -1\n", 2, "routing.share_push_ms",
+                     "greater than or equal to 0", id="negative-share-interval"),
         pytest.param("aliases:\n  - {name: chat, targets: [m1]}\n  - {name: chat, targets: [m2]}\n",
                      3, "aliases[1].name", "'chat' is repeated", id="duplicate-alias"),
         pytest.param("aliases:\n  - {name: a, targets: [m1]}\n"
