@@ -102,17 +102,19 @@ class PeerLoad:
         last one and another replica is listening, or when ``keepalive_s`` has passed; else
         None."""
         now_s = self._clock() if now_s is None else now_s
-        levels = self.own()
-        changes = self._changes()
         is_due = now_s - self._sent_s >= self._keepalive_s
         if not self._peers:
             # No other replica heard from: nobody to tell but a newcomer, which the keepalive
-            # tells this one exists (then it hears every change, as this one hears its).
+            # tells this one exists (then it hears every change, as this one hears its). What
+            # changed before a keepalive was told to nobody: the changes start after it.
             if not is_due:
                 return None
-            changes = {}
-        elif not changes and levels == self._sent and not is_due:
-            return None
+            self._changes()
+            levels, changes = self.own(), {}
+        else:
+            levels, changes = self.own(), self._changes()
+            if not changes and levels == self._sent and not is_due:
+                return None
         self._sent, self._sent_s = levels, now_s
         wire: dict[str, tuple[int, ...]] = {
             name: (*counts, *changes.get(name, _NO_CHANGE)) for name, counts in levels.items()}
