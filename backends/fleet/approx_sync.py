@@ -136,13 +136,19 @@ class ApproxIndexSync:
         if self._push_interval_s is None:
             await self._read_loop(flush=True)
             return
-        writer = asyncio.create_task(self._write_loop(), name="approx-index-sync-writer")
+        tasks = {asyncio.create_task(self._write_loop(), name="approx-index-sync-writer"),
+                 asyncio.create_task(self._read_loop(flush=False), name="approx-index-sync-reader")}
         try:
-            await self._read_loop(flush=False)
+            # Each loop outlives Redis errors; anything else ends both and is raised here.
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
         finally:
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def _write_loop(self) -> None:
         """Flush when something changed (or every ``flush_interval_s``, for the counts'
