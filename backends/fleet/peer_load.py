@@ -78,24 +78,27 @@ class PeerLoad:
         self._peers: dict[str, tuple[float, Levels]] = {}  # replica -> (heard at, its levels)
         self._heard: dict[str, list[int]] = {}  # backend -> [finishes, first tokens] to apply
         self._is_changed = False  # a count heard since the last apply
+        self._counted: set[str] = set()  # backends with a count of another replica's set
         self.num_merged = 0
 
-    def own(self) -> Levels:
-        return {b.name: (b.num_in_flight, b.num_in_flight_tokens, b.num_in_flight_prompt_tokens,
-                         b.num_ending)
-                for b in self._registry.backends if b.num_in_flight}
-
-    def _changes(self) -> Changes:
-        """The finishes and counted first tokens since the last entry, per backend."""
+    def _own(self, *, with_changes: bool) -> tuple[Levels, Changes]:
+        """This replica's levels, and (``with_changes``) the finishes and counted first tokens
+        since the last entry, per backend, in one pass over the backends (the changes are
+        taken: the next call counts from here)."""
+        levels: Levels = {}
         changes: Changes = {}
         told = self._told
         for b in self._registry.backends:
+            if b.num_in_flight:
+                levels[b.name] = (b.num_in_flight, b.num_in_flight_tokens,
+                                  b.num_in_flight_prompt_tokens, b.num_ending)
             totals = (b.num_finished_total, b.num_started_total)
             before = told.get(b.name, _NO_CHANGE)
             if totals != before:
-                changes[b.name] = (totals[0] - before[0], totals[1] - before[1])
+                if with_changes:
+                    changes[b.name] = (totals[0] - before[0], totals[1] - before[1])
                 told[b.name] = totals
-        return changes
+        return levels, changes
 
     def entry(self, now_s: float | None = None) -> dict[Any, Any] | None:
         """The stream entry to add now: this replica's counts, when they changed since the
@@ -109,10 +112,9 @@ class PeerLoad:
             # changed before a keepalive was told to nobody: the changes start after it.
             if not is_due:
                 return None
-            self._changes()
-            levels, changes = self.own(), {}
+            levels, changes = self._own(with_changes=False)
         else:
-            levels, changes = self.own(), self._changes()
+            levels, changes = self._own(with_changes=True)
             if not changes and levels == self._sent and not is_due:
                 return None
         self._sent, self._sent_s = levels, now_s
@@ -167,8 +169,15 @@ class PeerLoad:
                 total[2] += prompt_tokens
                 total[3] += ending
         heard, self._heard = self._heard, {}
-        for backend in self._registry.backends:
-            requests, tokens, prompt_tokens, ending = sums.get(backend.name, (0, 0, 0, 0))
+        # Only the backends some replica counts now or counted at the last apply, and those
+        # told of: O(what is in flight), not O(fleet), per wake of a busy stream.
+        named, self._counted = self._counted, {n for n, total in sums.items() if any(total)}
+        get = self._registry.get
+        for name in named | self._counted | heard.keys():
+            backend = get(name)
+            if backend is None:
+                continue
+            requests, tokens, prompt_tokens, ending = sums.get(name, (0, 0, 0, 0))
             if (backend.peer_in_flight, backend.peer_in_flight_tokens,
                     backend.peer_in_flight_prompt_tokens, backend.peer_ending) != (
                     requests, tokens, prompt_tokens, ending):
@@ -176,7 +185,7 @@ class PeerLoad:
                 backend.peer_in_flight_tokens = tokens
                 backend.peer_in_flight_prompt_tokens = prompt_tokens
                 backend.peer_ending = ending
-            news = heard.get(backend.name)
+            news = heard.get(name)
             if news is not None:
                 if news[0]:
                     backend.peer_finished_since_load += news[0]
