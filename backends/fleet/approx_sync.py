@@ -34,7 +34,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from backends.fleet.peer_load import LOAD_FIELD, PeerLoad
+from backends.fleet.peer_load import PeerLoad, load_of
 from backends.publisher import pack_hashes, unpack_hashes
 from backends.redis_url import REDIS_ERRORS
 from routing.index_approx import MIN_TTL_S, ApproxPrefixIndex
@@ -192,10 +192,10 @@ class ApproxIndexSync:
         for _, fields in entries:
             if fields.get(b"r") == own:
                 continue  # already in the local index
-            load = fields.get(LOAD_FIELD)
+            load = load_of(fields)
             if load is not None:  # a replica's requests in flight, not a claim
                 if peers is not None:
-                    peers.merge(fields[b"r"], load)
+                    peers.merge(fields[b"r"], load[0], is_delta=load[1])
                 continue
             backend = fields[b"b"].decode()
             recorded_s = float(fields[b"t"])

@@ -23,36 +23,56 @@ engine (as its own counts do; an entry lost on the way so skews the correction u
 longer). ``Backend.state`` adds all of them to its own. A
 replica not heard from for ``expire_s`` (stopped, or cut off from Redis) counts for nothing.
 
-Wire: ``l`` is a JSON object, backend name -> ``[in flight, tokens, prompt tokens, ending,
-finished since, started since]``. A replica of the first version sends and reads the first
-three alone; the others then count as 0. An entry carries the approximate index's fields too,
-empty (``b`` "", ``h`` no hashes), so a replica of an earlier version reads it as a claim on
+Wire: a JSON object, backend name -> ``[in flight, tokens, prompt tokens, ending, finished
+since, started since]``. Between keepalives an entry carries only the rows that changed since
+the replica's previous one (field ``d``; a row of zero levels: nothing there any more), so an
+entry costs its readers O(what changed), not O(fleet); a keepalive carries every row (field
+``l``) and replaces what the readers knew, which also rights a reader that missed an entry. A
+replica of the first version sends and reads ``l`` alone, with the first three counts (the
+others then count as 0). An entry carries the approximate index's fields too, empty (``b`` "",
+``h`` no hashes), so a replica of an earlier version reads a ``d`` entry as a claim on
 nothing.
 
 Example::
 
     peers = PeerLoad(registry, replica_id="gw-1")
     fields = peers.entry(now_s)          # to XADD, or None when there is nothing new to say
-    peers.merge(b"gw-2", fields[b"l"], now_s)
+    payload, is_delta = load_of(fields)
+    peers.merge(b"gw-2", payload, now_s, is_delta=is_delta)
     peers.apply(now_s)                   # Backend.peer_* from the others' counts
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
 
 from backends.fleet.registry import Backend, BackendRegistry
 
-LOAD_FIELD = b"l"
+LOAD_FIELD = b"l"  # every row: what this replica has now (readable by the first version)
+DELTA_FIELD = b"d"  # the rows that changed since its previous entry
+_NO_LEVELS = (0, 0, 0, 0)
 # backend -> (in flight, their tokens, prompt tokens, streams ending): what a replica has now.
 Levels = dict[str, tuple[int, int, int, int]]
 # backend -> (finishes, counted first tokens): what a replica saw since its previous entry.
 Changes = dict[str, tuple[int, int]]
 _NO_CHANGE = (0, 0)
+
+
+def load_of(fields: Mapping[Any, Any]) -> tuple[bytes, bool] | None:
+    """An entry's counts and whether they are a delta (``PeerLoad.merge``'s arguments), from
+    its fields as read from Redis (bytes keys) or as ``PeerLoad.entry`` made them; None when it
+    carries none (a claim)."""
+    for key, is_delta in ((LOAD_FIELD, False), (DELTA_FIELD, True)):
+        value = fields.get(key)
+        if value is None:
+            value = fields.get(key.decode())
+        if value is not None:
+            return value, is_delta
+    return None
 
 
 def peer_counts(backend: Backend) -> tuple[int, ...]:
@@ -70,7 +90,7 @@ class PeerLoad:
         self._keepalive_s = keepalive_s
         self._expire_s = expire_s
         self._clock = clock
-        self._sent: Levels | None = None
+        self._sent: Levels = {}
         self._sent_s = float("-inf")
         # Per backend, this replica's (finished, started) totals as its last entry told them.
         self._told = {b.name: (b.num_finished_total, b.num_started_total)
@@ -117,17 +137,28 @@ class PeerLoad:
             levels, changes = self._own(with_changes=True)
             if not changes and levels == self._sent and not is_due:
                 return None
-        self._sent, self._sent_s = levels, now_s
-        wire: dict[str, tuple[int, ...]] = {
-            name: (*counts, *changes.get(name, _NO_CHANGE)) for name, counts in levels.items()}
+        sent, self._sent = self._sent, levels
+        wire: dict[str, tuple[int, ...]]
+        if is_due:  # every row, now and then: a reader that missed an entry is right again
+            self._sent_s = now_s
+            field = LOAD_FIELD
+            wire = {name: (*counts, *changes.get(name, _NO_CHANGE))
+                    for name, counts in levels.items()}
+        else:  # the rows that changed: O(what changed), however large the fleet
+            field = DELTA_FIELD
+            wire = {name: (*levels.get(name, _NO_LEVELS), *changes.get(name, _NO_CHANGE))
+                    for name in levels.keys() | sent.keys()
+                    if levels.get(name) != sent.get(name)}
         for name, change in changes.items():
             if name not in wire:
-                wire[name] = (0, 0, 0, 0, *change)
+                wire[name] = (*levels.get(name, _NO_LEVELS), *change)
         return {"r": self.replica_id, "b": "", "t": f"{time.time():.3f}", "h": b"",
-                LOAD_FIELD.decode(): orjson.dumps(wire)}
+                field.decode(): orjson.dumps(wire)}
 
-    def merge(self, replica: bytes | str, payload: bytes, now_s: float | None = None) -> None:
-        """Another replica's counts, as its entry said (a malformed one is ignored)."""
+    def merge(self, replica: bytes | str, payload: bytes, now_s: float | None = None, *,
+              is_delta: bool = False) -> None:
+        """Another replica's counts, as its entry said: every row (``l``), or the rows that
+        changed since its previous entry (``d``, ``is_delta``). A malformed one is ignored."""
         name = replica.decode() if isinstance(replica, bytes) else replica
         if name == self.replica_id:
             return
@@ -138,10 +169,14 @@ class PeerLoad:
             return
         if any(len(row) < 3 for row in rows.values()):
             return
-        levels: Levels = {}
+        known = self._peers.get(name)
+        levels: Levels = dict(known[1]) if is_delta and known is not None else {}
         for backend, row in rows.items():
             row.extend([0] * (6 - len(row)))  # a replica of the first version: levels only
-            levels[backend] = (row[0], row[1], row[2], row[3])
+            if row[0] or row[1] or row[2] or row[3]:
+                levels[backend] = (row[0], row[1], row[2], row[3])
+            else:
+                levels.pop(backend, None)
             if row[4] > 0 or row[5] > 0:
                 heard = self._heard.setdefault(backend, [0, 0])
                 heard[0] += max(0, row[4])

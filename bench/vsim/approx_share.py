@@ -59,7 +59,7 @@ from typing import cast
 import redis.asyncio as aioredis
 
 from backends.fleet.approx_sync import ApproxIndexSync
-from backends.fleet.peer_load import LOAD_FIELD, PeerLoad, peer_counts
+from backends.fleet.peer_load import PeerLoad, load_of, peer_counts
 from backends.fleet.registry import Backend
 from routing.index_approx import ApproxPrefixIndex
 
@@ -68,7 +68,6 @@ FLUSH_INTERVAL_S: float = signature(ApproxIndexSync).parameters["flush_interval_
 # Its writer task's cap (None: no writer; the read loop flushes).
 PUSH_INTERVAL_S: float | None = signature(ApproxIndexSync).parameters["push_interval_s"].default
 Claim = tuple[tuple[int, ...], str, float]  # (character-block chain, backend, recorded_s)
-_LOAD_KEY = LOAD_FIELD.decode()
 
 
 def no_clock() -> float:
@@ -119,7 +118,7 @@ class ApproxShare:
         # The stream's unread tail: when each flush's entries were added, by whom, their claims
         # and load entry (None: none).
         self._added_s: list[float] = []
-        self._entries: list[tuple[int, list[Claim], bytes | None]] = []
+        self._entries: list[tuple[int, list[Claim], tuple[bytes, bool] | None]] = []
         self._base = 0  # the stream position of _entries[0]
         self._read = [0] * num_replicas  # stream position each replica has read up to
         self._at_redis_s = [0.0] * num_replicas  # when its pending XREAD reaches Redis
@@ -183,7 +182,7 @@ class ApproxShare:
                 continue
             claims += entries
             if load is not None and peers is not None:
-                peers.merge(f"r{source}", load, now_s)
+                peers.merge(f"r{source}", load[0], now_s, is_delta=load[1])
         if claims:
             self._merge(replica, claims, now_s)
         if peers is not None:
@@ -200,7 +199,7 @@ class ApproxShare:
         peers = None if self.peers is None else self.peers[replica]
         pending = self.syncs[replica].take()
         entry = None if peers is None else peers.entry(now_s)
-        load = None if entry is None else entry[_LOAD_KEY]
+        load = None if entry is None else load_of(entry)
         if not pending and load is None:
             return False
         self.num_flushes += 1
@@ -265,7 +264,9 @@ class ApproxShare:
         self.num_loads_sent += 1
         for other, peers in enumerate(self.peers):
             if other != replica:
-                peers.merge(f"r{replica}", entry[_LOAD_KEY], now_s)
+                load = load_of(entry)
+                assert load is not None
+                peers.merge(f"r{replica}", load[0], now_s, is_delta=load[1])
                 self._apply(other, now_s)
 
     def _apply(self, replica: int, now_s: float) -> None:

@@ -40,11 +40,36 @@ def test_entries_carry_changes_and_keepalives_only() -> None:
     assert peers.entry(now_s=10.15) is None  # nothing changed
     _send(registry, "a", 1)
     changed = peers.entry(now_s=10.2)
-    assert changed is not None and orjson.loads(changed["l"]) == {"a": [2, 200, 80, 0, 0, 0]}
-    # Read by an earlier version as a claim on nothing: no backend, no hashes.
+    # Between keepalives, only the rows that changed ("d"); an earlier version, which reads
+    # "l" alone, takes it for a claim on nothing: no backend, no hashes.
+    assert changed is not None and orjson.loads(changed["d"]) == {"a": [2, 200, 80, 0, 0, 0]}
+    assert "l" not in changed
     assert changed["b"] == "" and changed["h"] == b"" and float(changed["t"]) > 0
     assert peers.entry(now_s=10.3) is None
-    assert peers.entry(now_s=11.3) is not None  # a keepalive
+    _send(registry, "b", 1)
+    only_b = peers.entry(now_s=10.4)
+    assert only_b is not None and orjson.loads(only_b["d"]) == {"b": [1, 100, 40, 0, 0, 0]}
+    keepalive = peers.entry(now_s=11.3)  # every row, as a first-version replica reads them
+    assert keepalive is not None and orjson.loads(keepalive["l"]) == {
+        "a": [2, 200, 80, 0, 0, 0], "b": [1, 100, 40, 0, 0, 0]}
+
+
+def test_a_delta_changes_only_its_rows_and_a_zero_row_removes_one() -> None:
+    registry = _registry()
+    a, b = registry.get("a"), registry.get("b")
+    assert a is not None and b is not None
+    peers = PeerLoad(registry, "gw-1")
+    peers.merge("gw-2", orjson.dumps({"a": [2, 200, 0, 0], "b": [1, 100, 0, 0]}), now_s=0.0)
+    peers.merge("gw-2", orjson.dumps({"a": [5, 500, 0, 1, 0, 0]}), now_s=0.1, is_delta=True)
+    peers.apply(now_s=0.1)
+    assert (a.peer_in_flight, a.peer_ending, b.peer_in_flight) == (5, 1, 1)
+    peers.merge("gw-2", orjson.dumps({"b": [0, 0, 0, 0, 1, 0]}), now_s=0.2, is_delta=True)
+    peers.apply(now_s=0.2)
+    assert (a.peer_in_flight, b.peer_in_flight, b.peer_finished_since_load) == (5, 0, 1)
+    # A full entry replaces what was known: a row it lacks is gone.
+    peers.merge("gw-2", orjson.dumps({"b": [3, 300, 0, 0]}), now_s=0.3)
+    peers.apply(now_s=0.3)
+    assert (a.peer_in_flight, b.peer_in_flight) == (0, 3)
 
 
 def test_the_others_counts_add_to_routings_view_and_expire() -> None:
@@ -89,7 +114,7 @@ def test_finishes_and_first_tokens_travel_as_changes_until_the_next_observation(
     a.book_finished(100, 0, had_first_token=True, was_ending=False)
     a.book_finished(100, 40, had_first_token=False, was_ending=False)
     last = peers_out.entry(now_s=6.2)
-    assert last is not None and orjson.loads(last["l"]) == {"a": [0, 0, 0, 0, 2, 0]}
+    assert last is not None and orjson.loads(last["d"]) == {"a": [0, 0, 0, 0, 2, 0]}
 
     seen = receiver.get("a")
     assert seen is not None
@@ -97,7 +122,7 @@ def test_finishes_and_first_tokens_travel_as_changes_until_the_next_observation(
     seen.load_observed(5.0)
     peers_in = PeerLoad(receiver, "gw-1")
     peers_in.merge("gw-2", entry["l"], now_s=6.0)
-    peers_in.merge("gw-2", last["l"], now_s=6.2)
+    peers_in.merge("gw-2", last["d"], now_s=6.2, is_delta=True)
     peers_in.apply(now_s=6.2)
     assert (seen.peer_finished_since_load, seen.peer_started_since_load) == (3, 2)
     state = seen.state(6.2)
