@@ -97,8 +97,8 @@ class PeerLoad:
                       for b in registry.backends}
         self._peers: dict[str, tuple[float, Levels]] = {}  # replica -> (heard at, its levels)
         self._heard: dict[str, list[int]] = {}  # backend -> [finishes, first tokens] to apply
-        self._is_changed = False  # a count heard since the last apply
-        self._counted: set[str] = set()  # backends with a count of another replica's set
+        self._sums: dict[str, list[int]] = {}  # backend -> the live replicas' levels, summed
+        self._dirty: set[str] = set()  # backends whose sums or told changes await apply
         self.num_merged = 0
 
     def _own(self, *, with_changes: bool) -> tuple[Levels, Changes]:
@@ -170,49 +170,59 @@ class PeerLoad:
         if any(len(row) < 3 for row in rows.values()):
             return
         known = self._peers.get(name)
-        levels: Levels = dict(known[1]) if is_delta and known is not None else {}
+        levels: Levels = known[1] if known is not None else {}
+        if not is_delta:  # every row: what it no longer lists, it no longer has
+            for backend in [b for b in levels if b not in rows]:
+                self._add(backend, levels.pop(backend), -1)
         for backend, row in rows.items():
             row.extend([0] * (6 - len(row)))  # a replica of the first version: levels only
-            if row[0] or row[1] or row[2] or row[3]:
-                levels[backend] = (row[0], row[1], row[2], row[3])
-            else:
-                levels.pop(backend, None)
+            counts = (row[0], row[1], row[2], row[3])
+            before = levels.get(backend, _NO_LEVELS)
+            if counts != before:
+                self._add(backend, before, -1)
+                self._add(backend, counts, 1)
+                if counts == _NO_LEVELS:
+                    del levels[backend]
+                else:
+                    levels[backend] = counts
             if row[4] > 0 or row[5] > 0:
                 heard = self._heard.setdefault(backend, [0, 0])
                 heard[0] += max(0, row[4])
                 heard[1] += max(0, row[5])
+                self._dirty.add(backend)
         self._peers[name] = (self._clock() if now_s is None else now_s, levels)
-        self._is_changed = True
         self.num_merged += 1
 
+    def _add(self, backend: str, counts: tuple[int, int, int, int], sign: int) -> None:
+        """Add (``sign`` 1) or take away (-1) one replica's counts on ``backend`` from the
+        sums ``apply`` sets."""
+        if counts == _NO_LEVELS:
+            return
+        total = self._sums.setdefault(backend, [0, 0, 0, 0])
+        for i in range(4):
+            total[i] += sign * counts[i]
+        if not any(total):
+            del self._sums[backend]
+        self._dirty.add(backend)
+
     def apply(self, now_s: float | None = None) -> None:
-        """Set each backend's ``peer_*`` fields from the live replicas' counts; a pass over the
-        backends only when a count was heard or a replica fell silent since."""
+        """Set the ``peer_*`` fields of the backends whose counts changed since the last call
+        (a replica silent for ``expire_s`` is dropped first): O(what changed), not O(fleet)."""
         now_s = self._clock() if now_s is None else now_s
         silent = [n for n, (heard_s, _) in self._peers.items() if now_s - heard_s > self._expire_s]
         for name in silent:
-            del self._peers[name]
-        if not (silent or self._is_changed):
+            for backend_name, counts in self._peers.pop(name)[1].items():
+                self._add(backend_name, counts, -1)
+        if not self._dirty:
             return
-        self._is_changed = False
-        sums: dict[str, list[int]] = {}
-        for _, levels in self._peers.values():
-            for name, (requests, tokens, prompt_tokens, ending) in levels.items():
-                total = sums.setdefault(name, [0, 0, 0, 0])
-                total[0] += requests
-                total[1] += tokens
-                total[2] += prompt_tokens
-                total[3] += ending
+        dirty, self._dirty = self._dirty, set()
         heard, self._heard = self._heard, {}
-        # Only the backends some replica counts now or counted at the last apply, and those
-        # told of: O(what is in flight), not O(fleet), per wake of a busy stream.
-        named, self._counted = self._counted, {n for n, total in sums.items() if any(total)}
         get = self._registry.get
-        for name in named | self._counted | heard.keys():
+        for name in dirty:
             backend = get(name)
             if backend is None:
                 continue
-            requests, tokens, prompt_tokens, ending = sums.get(name, (0, 0, 0, 0))
+            requests, tokens, prompt_tokens, ending = self._sums.get(name, _NO_LEVELS)
             if (backend.peer_in_flight, backend.peer_in_flight_tokens,
                     backend.peer_in_flight_prompt_tokens, backend.peer_ending) != (
                     requests, tokens, prompt_tokens, ending):
