@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -23,20 +26,35 @@ async def _until(predicate: object, timeout_s: float = 3.0) -> bool:
     return False
 
 
+@asynccontextmanager
+async def _two_replicas(redis: aioredis.Redis, **options: Any
+                        ) -> AsyncIterator[list[tuple[ApproxPrefixIndex, ApproxIndexSync]]]:
+    """Replicas gw-1 and gw-2, caught up and running until the block ends (then cancelled)."""
+    replicas, tasks = [], []
+    for name in ("gw-1", "gw-2"):
+        index = ApproxPrefixIndex(ttl_s=60)
+        sync = ApproxIndexSync(redis, index, name, ttl_s=60, **options)
+        await sync.catch_up()
+        replicas.append((index, sync))
+        tasks.append(asyncio.create_task(sync.run()))
+    try:
+        yield replicas
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+
 async def test_two_replicas_converge_and_a_late_one_catches_up(
         approx_redis: aioredis.Redis) -> None:
     text_a = "system prompt of tenant A " * 20
     text_b = "system prompt of tenant B " * 20
     chain_a = tuple(char_block_hashes(text_a, 64, "m"))
     chain_b = tuple(char_block_hashes(text_b, 64, "m"))
-    replicas = []
-    for name in ("gw-1", "gw-2"):
-        index = ApproxPrefixIndex(ttl_s=60)
-        sync = ApproxIndexSync(approx_redis, index, name, ttl_s=60, flush_interval_s=0.02)
-        await sync.catch_up()
-        replicas.append((index, sync, asyncio.create_task(sync.run())))
-    try:
-        (index_1, sync_1, _), (index_2, sync_2, _) = replicas
+    async with _two_replicas(approx_redis, flush_interval_s=0.02) as replicas:
+        (index_1, sync_1), (index_2, sync_2) = replicas
         now_s = time.time()
         index_1.record(chain_a, "w0", now_s)
         sync_1.record(chain_a, "w0", now_s)
@@ -50,12 +68,6 @@ async def test_two_replicas_converge_and_a_late_one_catches_up(
         await ApproxIndexSync(approx_redis, late, "gw-3", ttl_s=60).catch_up()
         assert late.match(chain_a, time.time()).num_blocks == {"w0": len(chain_a)}
         assert late.match(chain_b, time.time()).num_blocks == {"w3": len(chain_b)}
-    finally:
-        for _, _, task in replicas:
-            task.cancel()
-        for _, _, task in replicas:
-            with pytest.raises(asyncio.CancelledError):
-                await task
 
 
 async def test_expired_claims_are_not_caught_up(approx_redis: aioredis.Redis) -> None:
@@ -116,22 +128,10 @@ async def test_a_writer_of_its_own_sends_while_every_read_blocks(
     """With ``push_interval_s``, a decision goes out within that long although both replicas'
     XREADs block for 5 s (nothing else is added)."""
     chain = tuple(char_block_hashes("system prompt of tenant C " * 20, 64, "m"))
-    replicas = []
-    for name in ("gw-1", "gw-2"):
-        index = ApproxPrefixIndex(ttl_s=60)
-        sync = ApproxIndexSync(approx_redis, index, name, ttl_s=60, flush_interval_s=5.0,
-                               push_interval_s=0.005)
-        await sync.catch_up()
-        replicas.append((index, sync, asyncio.create_task(sync.run())))
-    try:
-        (_, sync_1, _), (index_2, _, _) = replicas
+    async with _two_replicas(approx_redis, flush_interval_s=5.0,
+                             push_interval_s=0.005) as replicas:
+        (_, sync_1), (index_2, _) = replicas
         await asyncio.sleep(0.1)  # both XREADs are blocking now
         sync_1.record(chain, "w1", time.time())
         assert await _until(lambda: index_2.match(chain, time.time()).num_blocks.get("w1")
                             == len(chain), timeout_s=1.0)
-    finally:
-        for _, _, task in replicas:
-            task.cancel()
-        for _, _, task in replicas:
-            with pytest.raises(asyncio.CancelledError):
-                await task
