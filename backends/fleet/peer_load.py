@@ -20,8 +20,8 @@ the others last said of their levels into each ``Backend``'s ``peer_*`` fields, 
 finishes and first tokens they told of to ``peer_finished_since_load`` /
 ``peer_started_since_load``, which start again from 0 at its own next observation of the
 engine (as its own counts do; an entry lost on the way so skews the correction until then, no
-longer). ``Backend.state`` adds all of them to its own. A
-replica not heard from for ``expire_s`` (stopped, or cut off from Redis) counts for nothing.
+longer). ``Backend.state`` adds all of them to its own. A replica not heard from for
+``expire_s`` (stopped, or cut off from Redis) counts for nothing.
 
 Wire: a JSON object, backend name -> ``[in flight, tokens, prompt tokens, ending, finished
 since, started since]``. Between keepalives an entry carries only the rows that changed since

@@ -132,7 +132,6 @@ class ApproxShare:
         self.has_writer = push_interval_s is not None and flush_interval_s > 0
         self.push_interval_s = 0.0 if push_interval_s is None else push_interval_s
         self._num_replicas = num_replicas
-        self.num_reads = 0
         self._writer_at = [math.inf] * num_replicas  # when the writer's wake is due
         self._writer_free_s = [0.0] * num_replicas  # when its last flush's reply and sleep end
 
@@ -170,7 +169,6 @@ class ApproxShare:
             return
         if now_s != self._wake_s[replica]:
             return
-        self.num_reads += 1
         half_s = self.rtt_s / 2
         start = self._read[replica] - self._base
         end = bisect_right(self._added_s, now_s - half_s, lo=start)
@@ -262,10 +260,10 @@ class ApproxShare:
         if entry is None:
             return
         self.num_loads_sent += 1
+        load = load_of(entry)
+        assert load is not None
         for other, peers in enumerate(self.peers):
             if other != replica:
-                load = load_of(entry)
-                assert load is not None
                 peers.merge(f"r{replica}", load[0], now_s, is_delta=load[1])
                 self._apply(other, now_s)
 
