@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from admission.tiers import Tier, allowed_tiers
 
@@ -46,7 +47,7 @@ class TierHints:
     objective: str | None = None
     ttft_slo_ms: str | None = None
     smg_priority: str | None = None
-    service_tier: object = None
+    service_tier: Any = None  # the body's value, any JSON: judged by hinted_tier
 
 
 def hints_from(headers: Mapping[str, str], body: Mapping[str, object]) -> TierHints | None:

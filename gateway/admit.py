@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 
 from admission.hints import TierHints, hinted_tier
-from admission.quota.types import QuotaStoreLike
+from admission.quota.types import LimitsLike, QuotaStoreLike
 from admission.tiers import (
     TIER_HEADER,
     Tier,
@@ -52,10 +52,11 @@ def tier_for(slo: SloAdmission, principal: Principal, requested: str | None,
         return hinted_tier(slo.tiers, tier, hints)
     except UnknownTierError as exc:
         raise APIError.bad_request(str(exc), param=TIER_HEADER, code="unknown_tier") from None
-    except TierNotAllowedError as exc:
-        raise APIError.forbidden(str(exc), code="tier_not_allowed", param=TIER_HEADER) from None
-    except TierConfigError as exc:
-        raise APIError(500, f"Gateway misconfiguration: {exc}", type="server_error",
+    except TierNotAllowedError as not_allowed:
+        raise APIError.forbidden(str(not_allowed), code="tier_not_allowed",
+                                 param=TIER_HEADER) from None
+    except TierConfigError as misconfigured:
+        raise APIError(500, f"Gateway misconfiguration: {misconfigured}", type="server_error",
                        code="tier_misconfigured") from None
 
 
@@ -77,7 +78,7 @@ class QuotaTicket:
 
     store: QuotaStoreLike | None
     tenant_id: str
-    limits: object
+    limits: LimitsLike
     request_id: str
     reserved_tokens: int
     num_prompt_tokens: int
@@ -157,7 +158,7 @@ def finish_quota(ticket: QuotaTicket) -> None:
     if not ticket.needs_lease and not ticket.limits_tokens:
         return  # a request-rate limit only: nothing held, nothing to refund
     # No task: the settle is queued in the store and rides with the next acquire.
-    store.settle_soon(ticket.tenant_id, ticket.limits,  # type: ignore[arg-type]
+    store.settle_soon(ticket.tenant_id, ticket.limits,
                       reserved_tokens=ticket.reserved_tokens,
                       actual_tokens=ticket.num_prompt_tokens + ticket.num_output_tokens,
                       request_id=ticket.request_id)

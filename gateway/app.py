@@ -37,10 +37,10 @@ from gateway import admin, handlers, openapi, proxy
 from gateway.apis import ANTHROPIC
 from gateway.context import GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, from_http_exception
+from gateway.observe.hooks import admin_waits, setup_telemetry
 from gateway.observe.memory import HeapTrimmer
 from gateway.observe.metrics import GatewayMetrics, counter_family, gauge_family
 from gateway.observe.request_log import RequestLog
-from gateway.observe.telemetry import admin_waits, setup_telemetry
 from gateway.reload import admin_reload, backend_from_settings
 from gateway.router import Router
 from gateway.routes import ANTHROPIC_PATH_PREFIX

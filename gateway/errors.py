@@ -37,12 +37,12 @@ class APIError(Exception):
         self.code = code
         self.param = param
         self.headers = dict(headers or {})
+        # Set when the request's body cannot be read to its end (the connection cannot be
+        # reused).
+        self.closes_connection = False
 
     def body(self) -> bytes:
         return error_body(self.message, self.type, self.code, self.param)
-
-    # Set when the request's body cannot be read to its end (the connection cannot be reused).
-    closes_connection = False
 
     def to_response(self, body: bytes | None = None) -> web.Response:
         """The error as a response: OpenAI's body, or ``body`` (another API's shape)."""

@@ -198,8 +198,8 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
     except APIError as exc:
         status, error = exc.status, exc.code
         raise
-    except web.HTTPException as exc:  # aiohttp's own (413 for a body over the limit, ...)
-        status, error = exc.status, f"http_{exc.status}"
+    except web.HTTPException as http_exc:  # aiohttp's own (413 for a body over the limit...)
+        status, error = http_exc.status, f"http_{http_exc.status}"
         raise
     except (asyncio.CancelledError, ConnectionResetError, aiohttp.ClientConnectionResetError):
         status, error = 499, "client_closed"  # the client closed the connection

@@ -133,6 +133,10 @@ class UpstreamClient:
         pool = self._pool(backend)
         head = pool.head(path, len(body), headers)
         response: Response | None = None
+        # The response while it waits for its head, for the finally below: compiled (mypyc),
+        # a finally block takes ``response`` for the Response it was narrowed to in the try,
+        # even when the send failed and it is None.
+        awaiting: list[Response] = []
         connecting = True
         pool_was_full = pool.is_full
         started_s = time.perf_counter()
@@ -145,6 +149,7 @@ class UpstreamClient:
                         timer("upstream_connect", started_s)
                 connecting = False
                 backend.awaiting_head.add(response)
+                awaiting.append(response)
                 await response.wait_head()
                 if is_stream and response.status == 200:
                     first = await response.readany()
@@ -172,10 +177,10 @@ class UpstreamClient:
                 f"backend {backend.name!r} sent nothing within {wait_s:g} s",
                 is_timeout=True,
             ) from None
-        except BackendDown as exc:
+        except BackendDown as down:
             assert response is not None
             response.close()
-            raise UpstreamFailure(backend, "backend_down", f"{exc}; nothing was sent back "
+            raise UpstreamFailure(backend, "backend_down", f"{down}; nothing was sent back "
                                   "before that") from None
         except (UpstreamBroken, OSError) as exc:
             if response is not None:
@@ -194,6 +199,6 @@ class UpstreamClient:
                 response.close()
             raise
         finally:
-            if response is not None:
-                backend.awaiting_head.discard(response)
+            for waited in awaiting:
+                backend.awaiting_head.discard(waited)
         return Opened(backend=backend, response=response, first_chunk=first)

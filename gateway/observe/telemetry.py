@@ -23,14 +23,11 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from aiohttp import web
 from opentelemetry.propagate import extract
 from opentelemetry.sdk.trace import ReadableSpan
@@ -43,10 +40,8 @@ from opentelemetry.trace import (
     get_current_span,
 )
 
-from gateway.admin import _admin as require_admin
-from gateway.context import GATEWAY, REQUEST_ID
-from gateway.errors import APIError
-from gateway.observe.tracing import Tracing, tracing_from_env
+from gateway.context import REQUEST_ID
+from gateway.observe.tracing import Tracing
 from gateway.observe.wait_metrics import WaitMetrics
 from gateway.observe.waits import WAIT_TYPES, WaitsWindow
 from gateway.routes import ROUTE_PATHS
@@ -317,55 +312,6 @@ class RequestTrace:
             for processor in tracing.processors:
                 for span in spans:
                     processor.on_end(span)
-
-
-# -- the app ----------------------------------------------------------------------------------
-def setup_telemetry(app: web.Application) -> None:
-    """Tracing from ``OTEL_*``, wait histograms on the gateway's registry, connection hooks.
-
-    Call after ``setup_gateway``: its objects exist when this starts, and spans are flushed
-    before they are torn down.
-    """
-    app[TELEMETRY] = Telemetry(tracing_from_env())
-
-    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        telemetry = app[TELEMETRY]  # a test may have put its own here
-        gw = app[GATEWAY]
-        telemetry.metrics = WaitMetrics(gw.metrics, gw.settings.tier_names)
-        tracing = telemetry.tracing
-        exporter = tracing.exporter if tracing is not None else None
-        exporting = None
-        if exporter is not None:
-            gw.metrics.add_source(exporter.collect_metrics)
-            exporting = asyncio.create_task(exporter.run(), name="otlp-export")
-        try:
-            yield
-        finally:
-            if tracing is not None:
-                await tracing.close()
-            if exporting is not None and exporter is not None:
-                # It sends what the last requests left, unless the collector does not answer.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(exporting, exporter.timeout_s)
-
-    app.cleanup_ctx.append(lifecycle)
-
-
-async def admin_waits(request: web.Request) -> web.Response:
-    """GET /admin/waits[?window_s=N]: the waits report (see ``gateway.observe.waits``)."""
-    require_admin(request)
-    window_s = None
-    raw = request.query.get("window_s")
-    if raw is not None:
-        try:
-            window_s = float(raw)
-        except ValueError:
-            window_s = -1.0
-        if not window_s > 0:
-            raise APIError.bad_request(f"window_s must be a positive number of seconds, got "
-                                       f"{raw!r}.", param="window_s")
-    report = request.app[TELEMETRY].report(window_s)
-    return web.Response(body=orjson.dumps(report), content_type="application/json")
 
 
 TELEMETRY = web.AppKey("telemetry", Telemetry)

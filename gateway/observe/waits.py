@@ -214,8 +214,8 @@ def run(args: argparse.Namespace) -> int:
     except httpx.HTTPError as exc:
         print(f"error: cannot reach the gateway at {args.url}: {exc}", file=sys.stderr)
         return 1
-    except RuntimeError as exc:
-        print(exc, file=sys.stderr)
+    except RuntimeError as failed:
+        print(failed, file=sys.stderr)
         return 1
     if args.json:
         import json

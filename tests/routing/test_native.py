@@ -8,6 +8,7 @@ interpreted and says why.
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -111,3 +112,58 @@ def test_a_compiled_plugin_names_its_settings_from_the_build(tree: Path) -> None
     lines = _python(code, tree)
     assert lines == ["filters[0].max_wait: filter 'not_saturated' takes max_waiting, "
                      "max_kv_usage"]
+
+
+def _mypyc_pitfalls(source: str) -> list[str]:
+    """What mypyc compiles otherwise than Python runs it, found in ``source``: a name bound by
+    ``except`` clauses of different types in one function (compiled, the name keeps the first
+    clause's type, and the second clause's exception fails a type check), a dataclass-style
+    field annotated ``object`` (its class fails at import), an async generator (not
+    compilable), ``__setattr__`` (compiled code sets attributes around it) and a class-level
+    default of an attribute that instances set (compiled, instances never see it)."""
+    found = []
+    tree = ast.parse(source)
+    set_on_instances = {target.attr for node in ast.walk(tree)
+                        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                        for target in (node.targets if isinstance(node, ast.Assign)
+                                       else [node.target])
+                        if isinstance(target, ast.Attribute)}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            bound: dict[str, set[str]] = {}
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.ExceptHandler) and inner.name and inner.type:
+                    bound.setdefault(inner.name, set()).add(ast.unparse(inner.type))
+            found += [f"line {node.lineno}: {node.name} binds {name!r} to {sorted(types)}"
+                      for name, types in bound.items() if len(types) > 1]
+            if node.name == "__setattr__":
+                found.append(f"line {node.lineno}: __setattr__")
+            if isinstance(node, ast.AsyncFunctionDef) and any(
+                    isinstance(inner, (ast.Yield, ast.YieldFrom)) for inner in ast.walk(node)):
+                found.append(f"line {node.lineno}: async generator {node.name}")
+        if isinstance(node, ast.ClassDef):
+            found += [f"line {item.lineno}: field {ast.unparse(item.target)}: object"
+                      for item in node.body if isinstance(item, ast.AnnAssign)
+                      and ast.unparse(item.annotation) == "object"]
+            found += [f"line {item.lineno}: class default {target.id}" for item in node.body
+                      if isinstance(item, ast.Assign) for target in item.targets
+                      if isinstance(target, ast.Name) and target.id in set_on_instances]
+    return found
+
+
+def test_no_compiled_module_holds_what_mypyc_compiles_otherwise() -> None:
+    found = {module: problems for module in native.MODULES
+             if (problems := _mypyc_pitfalls(native.source_path(module).read_text()))}
+    assert found == {}
+
+
+@pytest.mark.parametrize("source", [
+    "def f():\n    try:\n        pass\n    except KeyError as e:\n        pass\n"
+    "    except ValueError as e:\n        pass\n",
+    "class C:\n    x: object = None\n",
+    "async def f():\n    yield 1\n",
+    "class C:\n    def __setattr__(self, name, value):\n        pass\n",
+    "class C:\n    flag = False\n\ndef f(c):\n    c.flag = True\n",
+])
+def test_the_pitfall_check_finds_each_pitfall(source: str) -> None:
+    assert len(_mypyc_pitfalls(source)) == 1
