@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -171,6 +172,7 @@ async def run_until_signalled(settings: Settings, *, ready_line: bool = True,
     if ready_line:
         print(f"switchyard gateway listening on http://{host}:{port}", flush=True)
     log.info("decision modules: %s", native.STATUS)
+    tune_gc()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -224,6 +226,21 @@ def _listen_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.
     sock.listen(1024)
     sock.setblocking(False)
     return sock
+
+
+# Allocations between young-generation collections: a request allocates a few hundred
+# objects that die with it (CPython's default, 700, collects every request or two).
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def tune_gc() -> None:
+    """Once serving: what start-up made (modules, settings, tokenizers) moves out of the
+    collector's generations for good (``gc.freeze``), and young collections run every
+    ``GC_YOUNG_THRESHOLD`` allocations. Together about 3 % less CPU per request
+    (docs/benchmarks/overhead.md); cycles are still collected."""
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 def serve(settings: Settings, **kwargs: Any) -> None:
