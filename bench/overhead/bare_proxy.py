@@ -13,7 +13,7 @@ import argparse
 import asyncio
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import uvloop
@@ -63,31 +63,39 @@ def create_app(upstream_url: str) -> web.Application:
     return app
 
 
-async def _serve(host: str, port: int, upstream_url: str) -> None:
-    runner = web.AppRunner(create_app(upstream_url), access_log=None, handle_signals=False)
+async def serve_app(app: web.Application, host: str, port: int, name: str) -> None:
+    """Serve ``app`` on ``host:port`` until SIGTERM or SIGINT."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    print(f"bare proxy listening on http://{host}:{port}", flush=True)
+    print(f"{name} listening on http://{host}:{port}", flush=True)
     try:
         await stop.wait()
     finally:
         await runner.cleanup()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.overhead.bare_proxy",
-                                     description=__doc__,
+def run_proxy(argv: list[str] | None, doc: str, prog: str,
+              create: Callable[[str], web.Application], name: str) -> int:
+    """A proxy's command line (``--host``, ``--port``, ``--upstream``): serve
+    ``create(upstream)``."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="base URL of the engine")
     args = parser.parse_args(argv)
-    uvloop.run(_serve(args.host, args.port, args.upstream))
+    uvloop.run(serve_app(create(args.upstream), args.host, args.port, name))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_proxy(argv, __doc__ or "", "python -m bench.overhead.bare_proxy", create_app,
+                     "bare proxy")
 
 
 if __name__ == "__main__":

@@ -8,16 +8,13 @@ gateway's features over it::
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import signal
 import sys
 from collections.abc import AsyncIterator
 
-import uvloop
 from aiohttp import web
 
 from backends.fleet.http1 import Pool
+from bench.overhead.bare_proxy import run_proxy
 
 UPSTREAM = web.AppKey("upstream", str)
 POOL = web.AppKey("pool", Pool)
@@ -52,29 +49,9 @@ def create_app(upstream_url: str) -> web.Application:
     return app
 
 
-async def _serve(host: str, port: int, upstream_url: str) -> None:
-    runner = web.AppRunner(create_app(upstream_url), access_log=None, handle_signals=False)
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    print(f"lean proxy listening on http://{host}:{port}", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--upstream", required=True)
-    args = parser.parse_args(argv)
-    uvloop.run(_serve(args.host, args.port, args.upstream))
-    return 0
+    return run_proxy(argv, __doc__ or "", "python -m bench.overhead.lean_proxy", create_app,
+                     "lean proxy")
 
 
 if __name__ == "__main__":
