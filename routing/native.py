@@ -55,7 +55,7 @@ MODULES = (
     "admission.sfq", "admission.fair_queue", "admission.finishes", "admission.waiting_room",
     "gateway.router",
     # The rest of a request's path: quotas, auth, validation, telemetry, the breaker, the
-    # upstream client and the proxy itself (compiled: 0.84 x the CPU per request, live).
+    # upstream client and the proxy itself.
     "admission.quota.budget", "admission.quota.types", "admission.quota.store",
     "admission.tiers", "admission.hints", "admission.retry_book", "gateway.admit",
     "gateway.usage", "gateway.auth", "gateway.tenancy", "gateway.validation", "gateway.errors",
@@ -66,9 +66,8 @@ MODULES = (
 )
 # Not compiled: backends.fleet.registry, whose Backend drops its cached state in __setattr__,
 # which compiled code bypasses when it sets an attribute (its state would go stale). What
-# mypyc compiles otherwise than Python runs it (tests/routing/test_native.py checks the
-# sources): a name bound by two ``except`` clauses of different types in one function, a
-# dataclass field annotated ``object``, an async generator (not compiled at all).
+# else mypyc compiles otherwise than Python runs it: ``_mypyc_pitfalls`` in
+# tests/routing/test_native.py, which checks every module here for it.
 
 STATUS = "interpreted: not looked for yet"
 _PARAMETERS: dict[str, list[str]] = {}

@@ -98,16 +98,15 @@ def measure(num_requests: int, num_rounds: int, mode: str = "third-party"
                 module, "--port", str(port), "--upstream", engine_url))
             wait_http(f"http://127.0.0.1:{port}/health", group=fleet.group)
             endpoints.append((name, f"http://127.0.0.1:{port}", child.pid, "unused"))
-        full_url, full_pid = "", 0
+        started: dict[str, tuple[str, int]] = {}
         for name, (extra, is_limited) in GATEWAYS.items():
             if name == "no_limits":
-                url, pid = full_url, full_pid
+                url, pid = started["full"]
             else:
                 gateway = fleet.start_gateway({**listing, **extra}, name=name)
-                url, pid = gateway.url, gateway.pid
+                url, pid = started[name] = gateway.url, gateway.pid
                 if mode == "own":
                     _wait_discovered(url, BACKEND_COUNTS[0])
-                full_url, full_pid = (url, pid) if name == "full" else (full_url, full_pid)
             tenant = {"name": f"ablation-{name}", "models": [model],
                       **({"limits": LIMITS} if is_limited else {})}
             endpoints.append((name, url, pid, fleet.create_tenant_key(url, tenant, name=name)))

@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from tests.fleet import MODEL, Gateway
+from tests.raw_http import read_answer
 
 KEY = "<KEY>"  # replaced by the shared tenant key when the row is sent
 CHAT = "/v1/chat/completions"
@@ -260,23 +261,8 @@ def send_raw(port: int, data: bytes) -> Reply:
     """Send bytes as they are; read one response (headers, then Content-Length bytes)."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(data)
-        received = b""
-        while b"\r\n\r\n" not in received:
-            chunk = sock.recv(65536)
-            assert chunk, f"connection closed before a response: {received!r}"
-            received += chunk
-        head, _, body = received.partition(b"\r\n\r\n")
-        status_line, *lines = head.decode("latin-1").split("\r\n")
-        headers: dict[str, list[str]] = {}
-        for line in lines:
-            name, _, value = line.partition(":")
-            headers.setdefault(name.strip().lower(), []).append(value.strip())
-        length = int(headers["content-length"][0])
-        while len(body) < length:
-            chunk = sock.recv(65536)
-            assert chunk, "connection closed inside the response body"
-            body += chunk
-    return Reply(int(status_line.split()[1]), headers, body[:length])
+        status_line, headers, body, _ = read_answer(sock)
+    return Reply(int(status_line.split()[1]), headers, body)
 
 
 def send(gateway: Gateway, case: Case, key: str, request_id: str) -> Reply:

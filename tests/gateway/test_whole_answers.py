@@ -15,6 +15,7 @@ from email.utils import parsedate_to_datetime
 import orjson
 
 from tests.fleet import MODEL, Gateway
+from tests.raw_http import read_answer
 
 CHAT = "/v1/chat/completions"
 
@@ -26,30 +27,6 @@ def _request(key: str, request_id: str, *, version: str = "HTTP/1.1",
     return (f"POST {CHAT} {version}\r\nHost: gateway\r\nAuthorization: Bearer {key}\r\n"
             f"Content-Type: application/json\r\nx-request-id: {request_id}\r\n{extra}"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-
-
-def _read_answer(sock: socket.socket, buffered: bytes = b""
-                 ) -> tuple[str, dict[str, list[str]], bytes, bytes]:
-    """One answer (status line, lower-cased headers, body by Content-Length) and what was
-    read past it."""
-    received = buffered
-    while b"\r\n\r\n" not in received:
-        chunk = sock.recv(65536)
-        assert chunk, f"connection closed before an answer: {received!r}"
-        received += chunk
-    head, _, rest = received.partition(b"\r\n\r\n")
-    status_line, *lines = head.decode("latin-1").split("\r\n")
-    headers: dict[str, list[str]] = {}
-    for line in lines:
-        name, sep, value = line.partition(":")
-        assert sep and name == name.strip(), f"malformed header line {line!r}"
-        headers.setdefault(name.lower(), []).append(value.strip())
-    length = int(headers["content-length"][0])
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        assert chunk, "connection closed inside the body"
-        rest += chunk
-    return status_line, headers, rest[:length], rest[length:]
 
 
 def _closed_by_server(sock: socket.socket) -> bool:
@@ -65,7 +42,7 @@ def test_answers_on_one_kept_connection_are_whole_and_well_formed(gateway: Gatew
         buffered = b""
         for index in range(3):
             sock.sendall(_request(key, f"whole-{index}"))
-            status_line, headers, body, buffered = _read_answer(sock, buffered)
+            status_line, headers, body, buffered = read_answer(sock, buffered)
             assert status_line == "HTTP/1.1 200 OK"
             assert buffered == b""  # nothing sent past the answer
             single = {name: values[0] for name, values in headers.items()}
@@ -85,7 +62,7 @@ def test_an_http10_client_gets_its_answer_and_the_connection_closes(gateway: Gat
                                                                     api_key: str) -> None:
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
         sock.sendall(_request(api_key, "whole-http10", version="HTTP/1.0"))
-        status_line, headers, body, rest = _read_answer(sock)
+        status_line, headers, body, rest = read_answer(sock)
         assert status_line.startswith("HTTP/1.") and status_line.split()[1] == "200"
         assert headers["x-request-id"] == ["whole-http10"]
         assert orjson.loads(body)["choices"]
@@ -95,7 +72,7 @@ def test_an_http10_client_gets_its_answer_and_the_connection_closes(gateway: Gat
 def test_connection_close_is_honoured(gateway: Gateway, api_key: str) -> None:
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
         sock.sendall(_request(api_key, "whole-close", extra="Connection: close\r\n"))
-        status_line, headers, body, rest = _read_answer(sock)
+        status_line, headers, body, rest = read_answer(sock)
         assert status_line == "HTTP/1.1 200 OK"
         assert headers["connection"] == ["close"]
         assert orjson.loads(body)["choices"]
