@@ -4,6 +4,7 @@ gateway's floor and the bare proxy."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,11 @@ def test_a_small_run_measures_every_endpoint(tmp_path: Path, mode: str) -> None:
     assert document["mode"] == mode
     figures = document["cpu_us_per_request"]
     assert set(figures) == {"floor", "bare", *GATEWAYS}
-    assert all(len(runs) == 1 and runs[0] > 0 for runs in figures.values()), figures
+    # CPU is read in clock ticks (10 ms): the floor's 150 requests may cost it less than one,
+    # so a figure may be 0; none is negative, and the run as a whole used some.
+    assert all(len(runs) == 1 and math.isfinite(runs[0]) and runs[0] >= 0
+               for runs in figures.values()), figures
+    assert sum(runs[0] for runs in figures.values()) > 0, figures
     for name in ("floor", "bare", *GATEWAYS):
         assert f"| {name} |" in done.stdout
 
