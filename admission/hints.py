@@ -40,14 +40,21 @@ _LOWEST_SMG = "bulk"
 _LOWEST_SERVICE_TIER = "flex"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class TierHints:
     """What a request said of its urgency, as sent (header text, the body's field)."""
 
-    objective: str | None = None
-    ttft_slo_ms: str | None = None
-    smg_priority: str | None = None
-    service_tier: Any = None  # the body's value, any JSON: judged by hinted_tier
+    objective: str | None
+    ttft_slo_ms: str | None
+    smg_priority: str | None
+    service_tier: Any  # the body's value, any JSON: judged by hinted_tier
+
+    def __init__(self, objective: str | None = None, ttft_slo_ms: str | None = None,
+                 smg_priority: str | None = None, service_tier: Any = None) -> None:
+        self.objective = objective
+        self.ttft_slo_ms = ttft_slo_ms
+        self.smg_priority = smg_priority
+        self.service_tier = service_tier
 
 
 def hints_from(headers: Mapping[str, str], body: Mapping[str, object]) -> TierHints | None:

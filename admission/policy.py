@@ -76,7 +76,7 @@ class TtftEstimator(Protocol):
                  max_age_s: float, worst_queued_tokens: int = 0) -> tuple[int, float]: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class AdmissionRequest:
     """What admission knows about one request.
 
@@ -88,10 +88,21 @@ class AdmissionRequest:
     tier: Tier
     tenant: str
     prompt_tokens: int
-    uncached_tokens: int | Mapping[str, int] | None = None
-    model: str | None = None
-    arrival_s: float | None = None
-    max_tokens: int | None = None  # the output cap, for the KV it needs (routing.fit)
+    uncached_tokens: int | Mapping[str, int] | None
+    model: str | None
+    arrival_s: float | None
+    max_tokens: int | None  # the output cap, for the KV it needs (routing.fit)
+
+    def __init__(self, tier: Tier, tenant: str, prompt_tokens: int,
+                 uncached_tokens: int | Mapping[str, int] | None = None, model: str | None = None,
+                 arrival_s: float | None = None, max_tokens: int | None = None) -> None:
+        self.tier = tier
+        self.tenant = tenant
+        self.prompt_tokens = prompt_tokens
+        self.uncached_tokens = uncached_tokens
+        self.model = model
+        self.arrival_s = arrival_s
+        self.max_tokens = max_tokens
 
     def uncached_for_each(self, backends: Sequence[BackendState], prefix: PrefixMatch
                           ) -> list[int]:
@@ -115,17 +126,28 @@ class AdmissionRequest:
         return max(0, self.prompt_tokens - cached)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class Decision:
     """The verdict. ``retry_after_s`` is set on reject, ``deadline_s`` on queue."""
 
     action: Action
     reason: str  # for people: what happened and the figures behind it
-    code: Reason = "admitted"
-    predicted_ttft_s: float | None = None  # on the quickest backend
-    retry_after_s: float | None = None
-    deadline_s: float | None = None
-    backend: str | None = None  # the quickest backend by prediction (routing still decides)
+    code: Reason
+    predicted_ttft_s: float | None  # on the quickest backend
+    retry_after_s: float | None
+    deadline_s: float | None
+    backend: str | None  # the quickest backend by prediction (routing still decides)
+
+    def __init__(self, action: Action, reason: str, code: Reason = "admitted",
+                 predicted_ttft_s: float | None = None, retry_after_s: float | None = None,
+                 deadline_s: float | None = None, backend: str | None = None) -> None:
+        self.action = action
+        self.reason = reason
+        self.code = code
+        self.predicted_ttft_s = predicted_ttft_s
+        self.retry_after_s = retry_after_s
+        self.deadline_s = deadline_s
+        self.backend = backend
 
 
 @dataclass(frozen=True, slots=True)

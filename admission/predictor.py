@@ -56,14 +56,21 @@ _MARGIN_WINDOW = 64  # the last observations the lateness margin is taken over
 _MIN_TTFT_S = 1e-3
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class TtftFeatures:
     """What a backend's TTFT for one request depends on, taken from a snapshot."""
 
     queued_tokens: int  # prefill work ahead of the request
     uncached_tokens: int  # the request's own prefill (prompt minus cached prefix)
-    num_running: int = 0  # sequences decoding alongside
-    num_ahead: int = 0  # requests ahead of it that wait for a batch slot
+    num_running: int  # sequences decoding alongside
+    num_ahead: int  # requests ahead of it that wait for a batch slot
+
+    def __init__(self, queued_tokens: int, uncached_tokens: int, num_running: int = 0,
+                 num_ahead: int = 0) -> None:
+        self.queued_tokens = queued_tokens
+        self.uncached_tokens = uncached_tokens
+        self.num_running = num_running
+        self.num_ahead = num_ahead
 
     @property
     def prefill_tokens(self) -> int:

@@ -98,7 +98,7 @@ class Caller(Protocol):
     def weight(self) -> float: ...
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Admitted:
     """One request's passage through admission, handed back at its first token and its end.
 
@@ -106,11 +106,21 @@ class Admitted:
     admission did not look); ``tier`` is set while it counts as running in its tier."""
 
     tenant: str
-    snapshot: FleetSnapshot | None = None
-    snapshot_taken_s: float = 0.0
-    tier: str | None = None
-    charged_tokens: int = 0
-    backend: str | None = None  # where its stream got its first token
+    snapshot: FleetSnapshot | None
+    snapshot_taken_s: float
+    tier: str | None
+    charged_tokens: int
+    backend: str | None  # where its stream got its first token
+
+    def __init__(self, tenant: str, snapshot: FleetSnapshot | None = None,
+                 snapshot_taken_s: float = 0.0, tier: str | None = None, charged_tokens: int = 0,
+                 backend: str | None = None) -> None:
+        self.tenant = tenant
+        self.snapshot = snapshot
+        self.snapshot_taken_s = snapshot_taken_s
+        self.tier = tier
+        self.charged_tokens = charged_tokens
+        self.backend = backend
 
 
 class AdmissionRefused(Exception):

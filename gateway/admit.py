@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from admission.hints import TierHints, hinted_tier
 from admission.quota.types import LimitsLike, QuotaStoreLike
@@ -72,7 +72,7 @@ def overloaded(refused: AdmissionRefused) -> APIError:
     )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class QuotaTicket:
     """An admitted request's hold on its tenant's quotas."""
 
@@ -82,10 +82,25 @@ class QuotaTicket:
     request_id: str
     reserved_tokens: int
     num_prompt_tokens: int
-    headers: dict[str, str] = field(default_factory=dict)
-    needs_lease: bool = False
-    limits_tokens: bool = False
-    num_output_tokens: int = 0
+    headers: dict[str, str]
+    needs_lease: bool
+    limits_tokens: bool
+    num_output_tokens: int
+
+    def __init__(self, store: QuotaStoreLike | None, tenant_id: str, limits: LimitsLike,
+                 request_id: str, reserved_tokens: int, num_prompt_tokens: int,
+                 headers: dict[str, str] | None = None, needs_lease: bool = False,
+                 limits_tokens: bool = False, num_output_tokens: int = 0) -> None:
+        self.store = store
+        self.tenant_id = tenant_id
+        self.limits = limits
+        self.request_id = request_id
+        self.reserved_tokens = reserved_tokens
+        self.num_prompt_tokens = num_prompt_tokens
+        self.headers = {} if headers is None else headers
+        self.needs_lease = needs_lease
+        self.limits_tokens = limits_tokens
+        self.num_output_tokens = num_output_tokens
 
     @property
     def is_limited(self) -> bool:

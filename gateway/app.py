@@ -9,18 +9,14 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import os
-import re
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractMatchInfo
 from aiohttp.web_urldispatcher import MatchInfoError
-from redis.exceptions import RedisClusterException, RedisError
 
 from admission.fair_queue import FairQueueConfig
 from admission.quota.types import QuotaStoreLike
@@ -34,16 +30,15 @@ from backends.fleet.sync import FleetSync
 from backends.fleet.upstream import UpstreamClient
 from backends.redis_url import REDIS_ERRORS
 from gateway import admin, handlers, openapi, proxy
-from gateway.apis import ANTHROPIC
-from gateway.context import GATEWAY, REQUEST_ID, Gateway
-from gateway.errors import APIError, from_http_exception
+from gateway.context import GATEWAY, Gateway
+from gateway.errors import APIError
+from gateway.front import Handler, error_response, new_request_id, with_front
 from gateway.observe.hooks import admin_waits, setup_telemetry
 from gateway.observe.memory import HeapTrimmer
 from gateway.observe.metrics import GatewayMetrics, counter_family, gauge_family
 from gateway.observe.request_log import RequestLog
 from gateway.reload import admin_reload, backend_from_settings
 from gateway.router import Router
-from gateway.routes import ANTHROPIC_PATH_PREFIX
 from gateway.settings import RoutingSettings, Settings
 from gateway.state import open_state
 from gateway.usage import UsageBook
@@ -55,68 +50,6 @@ from routing.profile import SchedulingProfile, build_profile
 from routing.profiles import profile_by_name
 
 log = logging.getLogger(__name__)
-
-_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def new_request_id() -> str:
-    return "req-" + os.urandom(12).hex()
-
-
-async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Request id in and out, and every error as an OpenAI-format JSON body: around every
-    route's handler (``with_front``), and the 404 / 405 answers of paths and methods no route
-    takes. Not an aiohttp middleware: one costs a wrapper coroutine and a cache lookup per
-    request on top of this."""
-    presented = request.headers.get("x-request-id")
-    request_id = presented or new_request_id()
-    try:
-        if presented is not None and not _REQUEST_ID_RE.match(presented):
-            request_id = new_request_id()
-            raise APIError.bad_request(
-                "Invalid 'x-request-id' header: use 1-128 characters of letters, digits and "
-                "._:@/+=-", param="x-request-id", code="invalid_header",
-            )
-        request[REQUEST_ID] = request_id
-        response = await handler(request)
-    except APIError as exc:
-        response = _error_response(request, exc)
-    except web.HTTPException as exc:
-        max_body = request.config_dict[GATEWAY].settings.max_body_bytes
-        response = _error_response(request, from_http_exception(exc, request.path, max_body))
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    # The admin API, or any path that needs Redis while it is away.
-    except (RedisError, RedisClusterException) as exc:
-        log.warning("Redis unreachable serving %s %s: %s", request.method, request.path, exc)
-        response = _error_response(request, APIError.unavailable(
-            "The gateway's state store (Redis) is unreachable; retry shortly.", 2,
-            code="state_store_unavailable"))
-    except Exception:
-        log.exception("unhandled error serving %s %s", request.method, request.path)
-        response = _error_response(request, APIError(
-            500, "Internal gateway error; the request id identifies it in the gateway's log.",
-            type="server_error", code="internal_error",
-        ))
-    if not response.prepared:
-        response.headers["x-request-id"] = request_id
-    return response
-
-
-def _error_response(request: web.Request, exc: APIError) -> web.Response:
-    """``exc`` in the shape of the API the path belongs to: Anthropic's under /v1/messages,
-    OpenAI's elsewhere."""
-    if not request.path.startswith(ANTHROPIC_PATH_PREFIX):
-        return exc.to_response()
-    return exc.to_response(ANTHROPIC.error_body(exc.status, exc.message, exc.type, exc.code,
-                                                exc.param))
-
-
-def with_front(handler: Handler) -> Handler:
-    """``handler`` inside ``front``."""
-    return functools.partial(front, handler=handler)
-
 
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(
@@ -177,7 +110,7 @@ async def _expect(request: web.Request) -> web.StreamResponse | None:
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0  # the body's head has not started yet
         return None
-    response = _error_response(request, APIError(
+    response = error_response(request, APIError(
         417, f"Unsupported 'Expect: {expect[:64]}' header: the only expectation supported is "
         "'Expect: 100-continue'; drop the header or send that.", code="expectation_failed",
     ))

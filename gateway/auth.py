@@ -57,12 +57,16 @@ _NO_SUCH_IMPORTED_KEY = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class Principal:
     """Who is calling: the tenant and the key used."""
 
     tenant: Tenant
     key: ApiKey
+
+    def __init__(self, tenant: Tenant, key: ApiKey) -> None:
+        self.tenant = tenant
+        self.key = key
 
     @property
     def tier(self) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import time
 from typing import Any
 
@@ -34,6 +33,7 @@ from gateway.apis import API_OF_ROUTE, OPENAI, Api
 from gateway.auth import Principal, credentials
 from gateway.context import CLIENT_LEFT, GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, unreadable_body
+from gateway.front import own_request_id
 from gateway.observe.request_log import request_record
 from gateway.observe.telemetry import REQUEST_TRACE, TELEMETRY
 from gateway.relay import MODEL_HEADER, failed_on, relay_body, relay_stream
@@ -159,9 +159,7 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
                         hints_from(request.headers, parsed.body))
         trace.admitted(tier.name, principal.tenant.id, model, plan)
         waited_s = time.perf_counter()
-        # Leases and queue places are this request's own: a client's x-request-id is only a
-        # label (two requests that share one must not share a concurrency slot).
-        own_id = f"{request[REQUEST_ID]}#{os.urandom(6).hex()}"
+        own_id = own_request_id(request[REQUEST_ID])
         ticket = await admit_quota(gw.quotas, principal, plan, own_id)
         if ticket.is_limited:
             trace.waited("quota", waited_s)

@@ -51,27 +51,47 @@ BROKEN_WARN_EVERY_S = 300.0  # "prefix affinity is not working" at most this oft
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class RoutePlan:
     request: RouteRequest
     reserved_tokens: int
-    snapshot: FleetSnapshot | None = None  # what the routing decision saw
-    snapshot_taken_s: float = 0.0  # monotonic time it was taken (its now_s may be earlier)
-    pending_prefill_tokens: int = 0  # what the chosen backend must prefill (set by started)
+    snapshot: FleetSnapshot | None  # what the routing decision saw
+    snapshot_taken_s: float  # monotonic time it was taken (its now_s may be earlier)
+    pending_prefill_tokens: int  # what the chosen backend must prefill (set by started)
     # Set by SLO admission: the request was admitted to start now, so it goes to a backend
     # with a free batch slot when one exists, not into a full one's queue (overload waits in
     # the gateway, where it is ordered, not in a worker's FIFO).
-    needs_free_slot: bool = False
+    needs_free_slot: bool
     # Set by started: what routing expected the backend to hold, and (approximate index) how
     # old its claim was then, to learn from what the backend reports (``Router.learn``).
-    expected_cached_tokens: int = 0
-    claim_age_s: float | None = None
-    sent_s: float = 0.0  # set by started: when it went upstream (monotonic)
-    is_ending: bool = False  # set by nearly_done: its stream is on its last step
+    expected_cached_tokens: int
+    claim_age_s: float | None
+    sent_s: float  # set by started: when it went upstream (monotonic)
+    is_ending: bool  # set by nearly_done: its stream is on its last step
     # Set by ``Router.route`` (SLO admission decides on the same ranking): ``rank`` hands it
     # out while the snapshot is fresh instead of deciding again.
-    ranked: list[tuple[Backend, Ranked]] | None = None
-    ranked_on: FleetSnapshot | None = None  # the snapshot it was decided on
+    ranked: list[tuple[Backend, Ranked]] | None
+    ranked_on: FleetSnapshot | None  # the snapshot it was decided on
+
+    def __init__(self, request: RouteRequest, reserved_tokens: int,
+                 snapshot: FleetSnapshot | None = None, snapshot_taken_s: float = 0.0,
+                 pending_prefill_tokens: int = 0, needs_free_slot: bool = False,
+                 expected_cached_tokens: int = 0, claim_age_s: float | None = None,
+                 sent_s: float = 0.0, is_ending: bool = False,
+                 ranked: list[tuple[Backend, Ranked]] | None = None,
+                 ranked_on: FleetSnapshot | None = None) -> None:
+        self.request = request
+        self.reserved_tokens = reserved_tokens
+        self.snapshot = snapshot
+        self.snapshot_taken_s = snapshot_taken_s
+        self.pending_prefill_tokens = pending_prefill_tokens
+        self.needs_free_slot = needs_free_slot
+        self.expected_cached_tokens = expected_cached_tokens
+        self.claim_age_s = claim_age_s
+        self.sent_s = sent_s
+        self.is_ending = is_ending
+        self.ranked = ranked
+        self.ranked_on = ranked_on
 
 
 # What routing reads of a prompt: its first MAX_PREFIX_BLOCKS blocks (a match deeper than

@@ -23,9 +23,10 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_server import Server
 
-from gateway.app import create_app, new_request_id
+from gateway.app import create_app
 from gateway.context import CONFIG_PATH, GATEWAY, Gateway
 from gateway.errors import error_body
+from gateway.front import new_request_id
 from gateway.handlers import serve_own_metrics
 from gateway.observe.logs import RateLimitFilter
 from gateway.relay import DrainDeadline

@@ -88,16 +88,28 @@ class _Batch:
     batch_id: str = field(default_factory=lambda: os.urandom(12).hex())
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class UsageRow:
     tenant: str
     key_id: str
     model: str
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    cost_nano: int = 0
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    cost_nano: int
+
+    def __init__(self, tenant: str, key_id: str, model: str, requests: int = 0,
+                 prompt_tokens: int = 0, cached_tokens: int = 0, output_tokens: int = 0,
+                 cost_nano: int = 0) -> None:
+        self.tenant = tenant
+        self.key_id = key_id
+        self.model = model
+        self.requests = requests
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = cached_tokens
+        self.output_tokens = output_tokens
+        self.cost_nano = cost_nano
 
     def add(self, kind: str, value: int) -> None:
         setattr(self, kind, getattr(self, kind) + value)

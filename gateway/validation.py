@@ -36,14 +36,21 @@ _NUMERIC_FIELDS: dict[str, tuple[str, float | None, float | None]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class CompletionRequest:
     model: str
     is_stream: bool
     body: dict[str, Any]
     # A Messages or Responses body as the chat request it renders to: what routing reads
     # (``body`` is what the engine gets).
-    chat_view: dict[str, Any] | None = None
+    chat_view: dict[str, Any] | None
+
+    def __init__(self, model: str, is_stream: bool, body: dict[str, Any],
+                 chat_view: dict[str, Any] | None = None) -> None:
+        self.model = model
+        self.is_stream = is_stream
+        self.body = body
+        self.chat_view = chat_view
 
     @property
     def routing_body(self) -> dict[str, Any]:

@@ -55,14 +55,14 @@ MODULES = (
     "admission.sfq", "admission.fair_queue", "admission.finishes", "admission.waiting_room",
     "gateway.router",
     # The rest of a request's path: quotas, auth, validation, telemetry, the breaker, the
-    # upstream client and the proxy itself.
+    # upstream client, the front of every route and the proxy itself.
     "admission.quota.budget", "admission.quota.types", "admission.quota.store",
     "admission.tiers", "admission.hints", "admission.retry_book", "gateway.admit",
     "gateway.usage", "gateway.auth", "gateway.tenancy", "gateway.validation", "gateway.errors",
     "gateway.observe.telemetry", "gateway.observe.waits", "gateway.observe.wait_metrics",
     "gateway.observe.metrics", "gateway.observe.request_log", "backends.fleet.breaker",
     "backends.fleet.deadlines", "backends.fleet.http1", "backends.fleet.upstream",
-    "gateway.apis", "gateway.relay", "gateway.proxy",
+    "gateway.apis", "gateway.relay", "gateway.front", "gateway.proxy",
 )
 # Not compiled: backends.fleet.registry, whose Backend drops its cached state in __setattr__,
 # which compiled code bypasses when it sets an attribute (its state would go stale). What

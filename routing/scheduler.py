@@ -24,12 +24,10 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import fields
 from itertools import repeat
 from math import isnan
 from operator import add, mul
 from random import Random
-from types import MemberDescriptorType
 
 from routing.plugin import Cycle
 from routing.profile import SchedulingProfile
@@ -96,15 +94,7 @@ def schedule_scored(request: RouteRequest, snapshot: FleetSnapshot, profile: Sch
         name = candidates[i].name
         num_cached = num_blocks.get(name, 0) * block_tokens if num_blocks else 0
         expected = num_cached if num_cached < num_prompt_tokens else num_prompt_tokens
-        if _BY_SLOTS:
-            item = _new_ranked(Ranked)
-            _set_backend(item, name)
-            _set_score(item, totals[i])
-            _set_reasons(item, item_reasons)
-            _set_expected_cached_tokens(item, expected)
-        else:
-            item = Ranked(name, totals[i], item_reasons, expected)
-        ranked.append(item)
+        ranked.append(Ranked(name, totals[i], item_reasons, expected))
     return ranked, candidates
 
 
@@ -129,19 +119,3 @@ def _clamped_times(scores: list[float], weight: float) -> list[float]:
     if min(scores) >= 0.0 and max(scores) <= 1.0 and not isnan(sum(scores)):
         return scores if weight == 1.0 else list(map(mul, scores, repeat(weight)))
     return [weight if s >= 1.0 else weight * s if s > 0.0 else 0.0 for s in scores]
-
-
-# Building the Ranked list is the largest cost of an interpreted decision: a frozen
-# dataclass's __init__ sets each field through object.__setattr__. Setting the slots directly
-# builds the same objects in half the time (tests/routing/test_scheduler.py checks they compare
-# equal to constructed ones). If Ranked's fields change, this fails at import, not silently.
-# Compiled (routing.native), Ranked is a native class with a fast constructor and no slots.
-if [f.name for f in fields(Ranked)] != ["backend", "score", "reasons", "expected_cached_tokens"]:
-    raise ImportError("routing.scheduler builds Ranked by its slots; update it to Ranked's fields")
-_BY_SLOTS = isinstance(vars(Ranked).get("backend"), MemberDescriptorType)
-_new_ranked = object.__new__
-if _BY_SLOTS:
-    _set_backend = vars(Ranked)["backend"].__set__
-    _set_score = vars(Ranked)["score"].__set__
-    _set_reasons = vars(Ranked)["reasons"].__set__
-    _set_expected_cached_tokens = vars(Ranked)["expected_cached_tokens"].__set__

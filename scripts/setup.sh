@@ -87,11 +87,11 @@ if [ "${SWITCHYARD_NATIVE:-1}" != 0 ]; then
   if .venv/bin/python scripts/build_native.py --check >/dev/null 2>&1; then
     :
   elif .venv/bin/python scripts/build_native.py --can-build; then
-    echo "setup: compiling the decision modules with mypyc (a minute or three)" >&2
+    echo "setup: compiling the request path with mypyc (about four minutes on 2 cores)" >&2
     mkdir -p build
     if ! .venv/bin/python scripts/build_native.py > build/native-build.log 2>&1; then
-      echo "setup: WARNING: the compiled build failed (build/native-build.log); the decision" \
-           "modules run interpreted" >&2
+      echo "setup: WARNING: the compiled build failed (build/native-build.log); the request" \
+           "path runs interpreted" >&2
     fi
   else
     echo "setup: no C compiler or Python headers: the decision modules run interpreted" \

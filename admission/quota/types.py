@@ -74,7 +74,7 @@ class QuotaLimits:
     max_concurrent: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class QuotaDecision:
     """The outcome of one admission: allowed or not, why, and the figures for the headers.
 
@@ -84,18 +84,39 @@ class QuotaDecision:
     """
 
     is_allowed: bool
-    refused_by: RefusedBy | None = None
-    retry_after_ms: int | None = None
-    limit_requests: int | None = None
-    remaining_requests: int | None = None
-    reset_requests_ms: int | None = None
-    limit_tokens: int | None = None
-    remaining_tokens: int | None = None
-    reset_tokens_ms: int | None = None
-    limit_concurrent: int | None = None
-    num_leases: int | None = None
-    requested_tokens: int = 0
-    is_local: bool = False
+    refused_by: RefusedBy | None
+    retry_after_ms: int | None
+    limit_requests: int | None
+    remaining_requests: int | None
+    reset_requests_ms: int | None
+    limit_tokens: int | None
+    remaining_tokens: int | None
+    reset_tokens_ms: int | None
+    limit_concurrent: int | None
+    num_leases: int | None
+    requested_tokens: int
+    is_local: bool
+
+    def __init__(self, is_allowed: bool, refused_by: RefusedBy | None = None,
+                 retry_after_ms: int | None = None, limit_requests: int | None = None,
+                 remaining_requests: int | None = None, reset_requests_ms: int | None = None,
+                 limit_tokens: int | None = None, remaining_tokens: int | None = None,
+                 reset_tokens_ms: int | None = None, limit_concurrent: int | None = None,
+                 num_leases: int | None = None, requested_tokens: int = 0,
+                 is_local: bool = False) -> None:
+        self.is_allowed = is_allowed
+        self.refused_by = refused_by
+        self.retry_after_ms = retry_after_ms
+        self.limit_requests = limit_requests
+        self.remaining_requests = remaining_requests
+        self.reset_requests_ms = reset_requests_ms
+        self.limit_tokens = limit_tokens
+        self.remaining_tokens = remaining_tokens
+        self.reset_tokens_ms = reset_tokens_ms
+        self.limit_concurrent = limit_concurrent
+        self.num_leases = num_leases
+        self.requested_tokens = requested_tokens
+        self.is_local = is_local
 
     @property
     def retry_after_s(self) -> int | None:

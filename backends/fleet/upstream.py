@@ -57,7 +57,7 @@ class UpstreamFailure(Exception):
         self.is_timeout = is_timeout
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Opened:
     """A response whose status and headers have arrived, with its first body bytes: the first
     chunk of a stream, or the whole body otherwise."""
@@ -65,6 +65,11 @@ class Opened:
     backend: Backend
     response: Response
     first_chunk: bytes
+
+    def __init__(self, backend: Backend, response: Response, first_chunk: bytes) -> None:
+        self.backend = backend
+        self.response = response
+        self.first_chunk = first_chunk
 
 
 # Called with ("upstream_connect", started_s) once a connection is ready (``RequestTrace.waited``).

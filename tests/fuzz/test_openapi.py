@@ -11,7 +11,8 @@ import pytest
 from aiohttp import web
 from openapi_spec_validator import validate
 
-from gateway.app import _REQUEST_ID_RE, setup_routes
+from gateway.app import setup_routes
+from gateway.front import REQUEST_ID_RE
 from gateway.openapi import document
 from tests.fuzz.conftest import Fleet
 
@@ -74,4 +75,4 @@ def test_the_error_schema_is_openais() -> None:
 
 def test_the_request_id_header_is_the_one_the_gateway_checks() -> None:
     parameter = DOC["components"]["parameters"]["RequestId"]
-    assert parameter["schema"]["pattern"] == _REQUEST_ID_RE.pattern
+    assert parameter["schema"]["pattern"] == REQUEST_ID_RE.pattern
