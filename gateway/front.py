@@ -14,7 +14,6 @@ import logging
 import os
 import re
 from collections.abc import Awaitable, Callable
-from itertools import count
 
 from aiohttp import web
 from redis.exceptions import RedisClusterException, RedisError
@@ -30,17 +29,27 @@ REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+_MASK_48 = (1 << 48) - 1
+_TOP_48 = 1 << 48
+
+
 class _Ids:
     """This process's random half of every id, and the counter for the other."""
 
     def __init__(self) -> None:
         self.prefix = ""
-        self.counter = count()
+        self.counter = 0
         self.reseed()
 
     def reseed(self) -> None:
         self.prefix = os.urandom(6).hex()
-        self.counter = count()
+        self.counter = 0
+
+    def next_hex(self) -> str:
+        """The counter's next value as 12 hex digits (``hex`` of it over a 49th bit, which is
+        cut off: three times quicker compiled than a format spec)."""
+        self.counter = (self.counter + 1) & _MASK_48
+        return hex(self.counter | _TOP_48)[3:]
 
 
 _IDS = _Ids()
@@ -50,13 +59,13 @@ os.register_at_fork(after_in_child=_IDS.reseed)
 def new_request_id() -> str:
     """``req-`` and 24 hex digits, unique across processes (their random halves) and within one
     (its counter)."""
-    return f"req-{_IDS.prefix}{next(_IDS.counter):012x}"
+    return "req-" + _IDS.prefix + _IDS.next_hex()
 
 
 def own_request_id(request_id: str) -> str:
     """The id of this request's leases and queue places: a client's ``x-request-id`` is only a
     label, and two requests that share one must not share a concurrency slot."""
-    return f"{request_id}#{_IDS.prefix}{next(_IDS.counter):x}"
+    return request_id + "#" + _IDS.prefix + _IDS.next_hex()
 
 
 async def front(request: web.Request, handler: Handler) -> web.StreamResponse:

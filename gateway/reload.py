@@ -165,11 +165,11 @@ def _apply_backends(gw: Gateway, old: list[BackendSettings], new: list[BackendSe
             registry.remove(name)
             registry.add(backend_from_settings(config))
             continue
-        current.weight = config.weight
-        current.health_path = config.health_path
-        current.api_key = config.api_key.get_secret_value() if config.api_key else None
-        current.stated_profile = stated_facts(config.profile.model_dump())
-        current.discover_profile = config.discover_profile
+        current.configure(
+            weight=config.weight, health_path=config.health_path,
+            api_key=config.api_key.get_secret_value() if config.api_key else None,
+            stated_profile=stated_facts(config.profile.model_dump()),
+            discover_profile=config.discover_profile)
 
 
 def backend_from_settings(config: BackendSettings) -> Backend:

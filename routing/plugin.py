@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from operator import attrgetter
 from random import Random
 from typing import ClassVar, Protocol
 
 from routing.types import BackendState, FleetSnapshot, RouteRequest
-
-_AGE_S = attrgetter("age_s")
 
 
 class Cycle:
@@ -60,7 +57,8 @@ class Cycle:
         as every scorer of a call asks about the same one."""
         if candidates is not self._stale_checked:
             self._stale_checked = candidates
-            self._has_stale = bool(candidates) and max(map(_AGE_S, candidates)) > self.stale_after_s
+            stale_after_s = self.stale_after_s
+            self._has_stale = any(b.age_s > stale_after_s for b in candidates)
         return self._has_stale
 
     def num_cached_tokens(self, backend: BackendState) -> int:

@@ -26,12 +26,26 @@ from hashlib import blake2b
 HASH_VERSION = b"switchyard-prefix-v1"
 
 
+# Roots already computed, by (model, cache salt): every request hashes from one, and a BLAKE2b
+# object costs more than the blocks of a short prompt. Emptied when full (salts can be many).
+_ROOTS: dict[tuple[str, str], int] = {}
+MAX_ROOTS = 4096
+
+
 def root_hash(model: str, cache_salt: str | None = None) -> int:
     """The seed of every chain for ``model`` (and ``cache_salt``, which isolates tenants)."""
+    key = (model, cache_salt or "")
+    found = _ROOTS.get(key)
+    if found is not None:
+        return found
     digest = blake2b(HASH_VERSION, digest_size=8)
     digest.update(b"\x00" + model.encode())
-    digest.update(b"\x00" + (cache_salt or "").encode())
-    return int.from_bytes(digest.digest(), "little")
+    digest.update(b"\x00" + key[1].encode())
+    root = int.from_bytes(digest.digest(), "little")
+    if len(_ROOTS) >= MAX_ROOTS:
+        _ROOTS.clear()
+    _ROOTS[key] = root
+    return root
 
 
 def chain_hash(parent: int, block: bytes) -> int:

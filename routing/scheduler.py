@@ -24,9 +24,6 @@ Example::
 
 from __future__ import annotations
 
-from itertools import repeat
-from math import isnan
-from operator import add, mul
 from random import Random
 
 from routing.plugin import Cycle
@@ -71,7 +68,7 @@ def schedule_scored(request: RouteRequest, snapshot: FleetSnapshot, profile: Sch
             raise ValueError(f"scorer {weighted.name!r} returned {len(scores)} scores "
                              f"for {num_candidates} candidates")
         column = _clamped_times(scores, weighted.weight)
-        totals = list(map(add, totals, column)) if columns else column
+        totals = [t + c for t, c in zip(totals, column, strict=True)] if columns else column
         columns.append((weighted.name, column))
     pick = profile.picker.pick(candidates, totals, rng)
     if not 0 <= pick < num_candidates:
@@ -83,18 +80,16 @@ def schedule_scored(request: RouteRequest, snapshot: FleetSnapshot, profile: Sch
     order.insert(0, pick)
     if max_ranked is not None:
         del order[max_ranked:]
-    reasons: list[tuple[tuple[str, float], ...]] = (
-        list(zip(*[[(name, column[i]) for i in order] for name, column in columns], strict=True))
-        if columns else [()] * len(order))
     num_blocks = snapshot.prefix.num_blocks
     block_tokens = snapshot.prefix.block_tokens
     num_prompt_tokens = request.num_prompt_tokens
     ranked = []
-    for i, item_reasons in zip(order, reasons, strict=True):
+    for i in order:
         name = candidates[i].name
         num_cached = num_blocks.get(name, 0) * block_tokens if num_blocks else 0
         expected = num_cached if num_cached < num_prompt_tokens else num_prompt_tokens
-        ranked.append(Ranked(name, totals[i], item_reasons, expected))
+        reasons = tuple([(scorer, column[i]) for scorer, column in columns])
+        ranked.append(Ranked(name, totals[i], reasons, expected))
     return ranked, candidates
 
 
@@ -116,6 +111,4 @@ def _filtered(profile: SchedulingProfile, cycle: Cycle, candidates: list[Backend
 
 def _clamped_times(scores: list[float], weight: float) -> list[float]:
     """Each score clamped to [0, 1] (NaN to 0), times ``weight``."""
-    if min(scores) >= 0.0 and max(scores) <= 1.0 and not isnan(sum(scores)):
-        return scores if weight == 1.0 else list(map(mul, scores, repeat(weight)))
     return [weight if s >= 1.0 else weight * s if s > 0.0 else 0.0 for s in scores]

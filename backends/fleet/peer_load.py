@@ -236,6 +236,7 @@ class PeerLoad:
                     backend.peer_finished_since_load += news[0]
                 if news[1]:
                     backend.peer_started_since_load += news[1]
+            backend.invalidate()
 
     @property
     def num_peers(self) -> int:

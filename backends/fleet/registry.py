@@ -92,13 +92,19 @@ class Backend:
     # Responses sent here that wait for their first byte: failed at once (``BackendDown``)
     # when the backend is marked down, so their requests go elsewhere instead of waiting.
     awaiting_head: set[Any] = field(default_factory=set)
-    # The last state() and the time it was taken for; any other field's change drops it.
+    # The last state() and the time it was taken for. Every method here that changes a field
+    # state() reads drops it; code elsewhere that sets such a field calls ``invalidate()``.
     _state: BackendState | None = field(default=None, init=False, repr=False)
     _state_now_s: float = field(default=0.0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.stated_profile.values:
             self._merge_profile()
+
+    def invalidate(self) -> None:
+        """Drop the cached ``state()``: after setting, from outside this class, any field it
+        reads (load figures, health, weight, the peers' counts)."""
+        self._state = None
 
     def learn_profile(self, facts: ProfileFacts) -> None:
         """Take what one source says of the profile; the stated fields still win."""
@@ -112,11 +118,18 @@ class Backend:
         heartbeat = [learned["heartbeat"]] if "heartbeat" in learned else []
         others = [f for name, f in learned.items() if name != "heartbeat"]
         self.profile, self.profile_sources = merge([self.stated_profile, *heartbeat, *others])
+        self._state = None
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-        if name != "_state" and name != "_state_now_s":
-            object.__setattr__(self, "_state", None)
+    def configure(self, *, weight: float, health_path: str, api_key: str | None,
+                  stated_profile: ProfileFacts, discover_profile: bool) -> None:
+        """What the configuration says of a listed engine, changed (a reload): the stated
+        profile fields win over what was learned, as at start."""
+        self.weight = weight
+        self.health_path = health_path
+        self.api_key = api_key
+        self.discover_profile = discover_profile
+        self.stated_profile = stated_profile
+        self._merge_profile()
 
     # -- this gateway's books: what it sent here, and what became of it --------------------
     # Called by the gateway's router and the virtual-time simulator's alike.
@@ -127,6 +140,7 @@ class Backend:
         self.num_in_flight_tokens += reserved_tokens
         self.num_in_flight_prompt_tokens += pending_prefill_tokens
         self.breaker.sent()
+        self._state = None
 
     def book_first_token(self, pending_prefill_tokens: int, sent_s: float) -> None:
         """A request sent at ``sent_s`` has its first token: its prefill is done, and if the
@@ -136,11 +150,13 @@ class Backend:
         if self.load_observed_s is not None and sent_s <= self.load_observed_s:
             self.num_started_since_load += 1
             self.num_started_total += 1
+        self._state = None
 
     def book_ending(self) -> None:
         """A stream is on its last step: its slot counts as free (``BackendState.num_holding``).
         Once per request; ``book_finished(was_ending=True)`` undoes it."""
         self.num_ending += 1
+        self._state = None
 
     def book_finished(self, reserved_tokens: int, pending_prefill_tokens: int, *,
                       had_first_token: bool, was_ending: bool) -> None:
@@ -155,6 +171,7 @@ class Backend:
         self.num_finished_total += 1
         if not had_first_token:
             self.num_in_flight_prompt_tokens -= pending_prefill_tokens
+        self._state = None
 
     def load_observed(self, observed_s: float, *, is_new: bool = True) -> None:
         """The engine's figures were read, as of ``observed_s`` (monotonic): a new observation
@@ -164,6 +181,7 @@ class Backend:
         if is_new:
             self.num_finished_since_load = self.num_started_since_load = 0
             self.peer_finished_since_load = self.peer_started_since_load = 0
+        self._state = None
 
     def state(self, now_s: float) -> BackendState:
         """This backend as routing sees it at ``now_s`` (monotonic).
@@ -212,8 +230,8 @@ class Backend:
             num_ending=num_ending, num_prefix_kv_blocks=self.num_prefix_kv_blocks,
             source=self.source,
         )
-        object.__setattr__(self, "_state", state)
-        object.__setattr__(self, "_state_now_s", now_s)
+        self._state = state
+        self._state_now_s = now_s
         return state
 
     @property
@@ -228,6 +246,7 @@ class Backend:
         self.is_healthy = True
         self.num_consecutive_failures = 0
         self.last_error = ""
+        self._state = None
 
     def mark_failure(self, reason: str) -> None:
         """A failed request or probe takes the backend out until a probe succeeds (or, for a
@@ -236,6 +255,7 @@ class Backend:
         self.is_healthy = False
         self.num_consecutive_failures += 1
         self.last_error = reason
+        self._state = None
         if was_healthy:
             self.fail_waiting(reason)
 
@@ -353,7 +373,7 @@ class BackendRegistry:
                         self.breaker_config.max_ejected_share)
             return False
         duration_s = backend.breaker.eject(now_s, reason)
-        backend._state = None  # routing sees it out from now
+        backend.invalidate()  # routing sees it out from now
         log.warning("backend %s ejected for %.0f s: %s", backend.name, duration_s,
                     backend.breaker.reason)
         return True

@@ -259,6 +259,7 @@ class FleetSync:
             # A new heartbeat: the worker is alive. The same one read again proves nothing: a
             # worker that failed a request since stays out until it beats again.
             backend.is_healthy = True
+            backend.invalidate()
         return backend.name
 
     def _forget(self, name: str) -> None:
@@ -291,6 +292,7 @@ class FleetSync:
                 log.info("backend %s exposes no load metrics on /metrics: its load is what "
                          "this gateway sent it", backend.name)
             backend.load_source = "books"
+            backend.invalidate()
             return
         backend.load_source = "metrics"
         backend.num_running = int(totals.get("running", 0))

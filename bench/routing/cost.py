@@ -174,7 +174,7 @@ def measure_gateway(setup: Setup, profile_name: str, num_calls: int,
                     {}, seed=1)
     now_s = time.monotonic()
     for record, state in zip(registry.backends, setup.backends, strict=True):
-        record.load_observed_s = now_s - state.age_s
+        record.load_observed(now_s - state.age_s)
     plans = [RoutePlan(request, request.num_prompt_tokens + 256) for request in setup.requests]
     records = registry.backends
 

@@ -65,7 +65,7 @@ class EnginePages(FleetSync):
         backend = self.backends[index]
         _run_at_once(self._scrape(backend))
         if backend.load_source == "metrics":
-            backend.load_observed_s = now_s  # FleetSync's stamp is the wall clock's
+            backend.load_observed(now_s, is_new=False)  # FleetSync's stamp is the wall clock's
         self.num_scrapes += 1
 
     async def _get(self, backend: Backend, path: str, *, as_json: bool) -> Any:

@@ -131,9 +131,11 @@ class BalancedFilter:
         stale_after_s = cycle.stale_after_s
         loads = [b.num_in_flight + (b.num_waiting if b.age_s <= stale_after_s else 0)
                  for b in candidates]
-        least = min(loads, default=0)
+        if not loads:
+            return []
+        least = min(loads)
         limit = max(self.max_ratio * least, least + self.max_excess)
-        if max(loads, default=0) <= limit:  # the common case: nobody is far busier
+        if max(loads) <= limit:  # the common case: nobody is far busier
             return list(candidates)
         return [b for b, load in zip(candidates, loads, strict=True) if load <= limit]
 

@@ -39,13 +39,11 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import attrgetter
 
 from routing.plugin import Cycle, check_number
 from routing.registry import register_scorer
 from routing.types import BackendState
 
-_QUEUED_PREFILL_TOKENS = attrgetter("num_queued_prefill_tokens")
 DEFAULT_PREFILL_TOKENS_PER_S = 10_000.0
 DEFAULT_FLOOR_S = 0.01
 
@@ -65,7 +63,7 @@ class TtftScorer:
         stale_after_s = cycle.stale_after_s
         worst_queued = 0
         if cycle.has_stale(candidates):
-            worst_queued = max(map(_QUEUED_PREFILL_TOKENS, candidates))
+            worst_queued = max([b.num_queued_prefill_tokens for b in candidates])
         prefix = cycle.snapshot.prefix
         get_num_blocks = prefix.num_blocks.get
         block_tokens = prefix.block_tokens

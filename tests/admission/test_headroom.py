@@ -165,6 +165,7 @@ async def test_dispatcher_holds_the_last_slot_for_interactive(
     loop = asyncio.get_running_loop()
     worker.load_observed_s = loop.time()
     worker.num_running = 3  # one free slot of four
+    worker.invalidate()
     for i in range(40):  # ~4 interactive arrivals per second lately
         slo.arrivals.arrived("interactive", loop.time() - 10 + i / 4)
     plan = slo.fleet.describe("m", {"messages": [{"role": "user", "content": "hi"}]}, "t")
@@ -178,6 +179,7 @@ async def test_dispatcher_holds_the_last_slot_for_interactive(
         slo.admit(TIERS["interactive"], principal().tenant, plan_i, "int-1"), 1.0)
     worker.num_running = 2  # two free: one beyond the reserve
     worker.load_observed_s = loop.time()
+    worker.invalidate()
     assert slo.dispatch(loop.time()) == 1
     await asyncio.wait_for(admitted, 1.0)
 
@@ -194,8 +196,11 @@ async def test_a_waiting_interactive_request_gets_the_only_usable_slot(
     loop = asyncio.get_running_loop()
     for backend_ in (worker, other):
         backend_.load_observed_s = time.monotonic()
+        backend_.invalidate()
     worker.num_running, worker.num_waiting = 2, 1  # a free slot, but a request in its queue
+    worker.invalidate()
     other.num_running = 4
+    other.invalidate()
     for i in range(40):
         slo.arrivals.arrived("interactive", time.monotonic() - 10 + i / 4)
     slo.queue._credit_tokens = 1e9  # standard has earned its share many times over
@@ -208,6 +213,7 @@ async def test_a_waiting_interactive_request_gets_the_only_usable_slot(
         await asyncio.sleep(0.01)
     assert "std-1" in slo.queue and "int-1" in slo.queue
     other.num_running = 3  # a stream on w1 ends: the one slot anything can start in
+    other.invalidate()
     assert slo.dispatch(time.monotonic()) == 1
     await asyncio.wait_for(plans["int-1"], 1.0)
     assert "std-1" in slo.queue
@@ -225,16 +231,19 @@ def test_an_admitted_request_goes_to_a_backend_with_a_free_slot() -> None:
                     ExactPrefixIndex(block_size=16), ApproxPrefixIndex(), {}, seed=1)
     for backend in (full, idle):
         backend.load_observed_s = time.monotonic()  # the router's clock
+        backend.invalidate()
     body = {"messages": [{"role": "user", "content": "a long shared system prompt " * 40}]}
     warm_up = router.describe("m", body, "t")
     router.started(full, warm_up)  # the approximate index now says "warm" holds the prefix
     router.finished(full, warm_up, had_first_token=True)
     full.num_running, full.num_finished_since_load = 2, 0  # a fresh heartbeat: full
+    full.invalidate()
     assert router.rank(router.describe("m", body, "t"))[0][0] is full  # affinity alone
     plan = router.describe("m", body, "t")
     plan.needs_free_slot = True
     assert router.rank(plan)[0][0] is idle
     idle.num_running = 2  # both full: no filtering, affinity decides again
+    idle.invalidate()
     plan = router.describe("m", body, "t")
     plan.needs_free_slot = True
     assert router.rank(plan)[0][0] is full

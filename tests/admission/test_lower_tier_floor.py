@@ -24,9 +24,11 @@ async def slo() -> tuple[SloAdmission, Backend]:
     admission, worker = one_worker_slo()
     worker.load_observed_s = time.monotonic()
     worker.num_running, worker.num_finished_since_load = 3, 0
+    worker.invalidate()
     await admit(admission, "standard", "s-0")
     assert admission.num_running_by_tier["standard"] == 1
     worker.num_running = 4
+    worker.invalidate()
     return admission, worker
 
 
@@ -49,6 +51,7 @@ async def test_a_freed_slot_goes_to_the_starved_lower_tier_first(
     await settle()
     assert "b-1" in admission.queue and "s-1" in admission.queue
     worker.num_running = 3  # one slot frees
+    worker.invalidate()
     assert admission.dispatch(time.monotonic()) == 1
     await settle()
     assert batch.done() and not standard.done()
@@ -62,6 +65,7 @@ async def test_a_direct_admission_leaves_the_owed_slot(
     batch = admit(admission, "batch", "b-1")
     await settle()
     worker.num_running = 3  # a slot frees, the dispatcher has not looked yet
+    worker.invalidate()
     standard = admit(admission, "standard", "s-1")
     await settle()
     assert not standard.done() and "s-1" in admission.queue  # it left the slot to batch
@@ -70,6 +74,7 @@ async def test_a_direct_admission_leaves_the_owed_slot(
     assert batch.done() and not standard.done()
     # batch holds its floor now: the next slot is standard's again
     worker.num_running = 2
+    worker.invalidate()
     assert admission.owed_tier(admission._snapshot(time.monotonic())) is None
     assert admission.dispatch(time.monotonic()) == 1
     await settle()
@@ -82,6 +87,7 @@ async def test_the_top_tier_is_not_held_for_the_floor(
     batch = admit(admission, "batch", "b-1")
     await settle()
     worker.num_running = 3
+    worker.invalidate()
     interactive = admit(admission, "interactive", "i-1")
     await settle()
     assert interactive.done() and "b-1" in admission.queue
@@ -100,6 +106,7 @@ async def test_a_queued_top_tier_request_goes_before_the_owed_tier(
     assert "i-1" in admission.queue and "b-1" in admission.queue
     assert admission.owed_tier(admission._snapshot(time.monotonic())) is not None
     worker.num_running = 3  # one slot frees
+    worker.invalidate()
     assert admission.dispatch(time.monotonic()) == 1
     await settle()
     assert interactive.done() and not batch.done()
@@ -111,6 +118,7 @@ async def test_running_counts_settle_when_each_request_finishes(
         slo: tuple[SloAdmission, Backend]) -> None:
     admission, worker = slo
     worker.num_running = 0
+    worker.invalidate()
 
     async def one_request(tier: str, request_id: str) -> None:
         plan = admission.fleet.describe("m", BODY, "t")

@@ -80,6 +80,7 @@ def busy_slo() -> tuple[SloAdmission, Backend]:
                     ExactPrefixIndex(block_size=16), ApproxPrefixIndex(), {}, seed=1)
     worker.load_observed_s = time.monotonic()
     worker.num_running, worker.num_finished_since_load = 4, 0
+    worker.invalidate()
     return SloAdmission(TIERS.values(), router), worker
 
 
@@ -110,6 +111,7 @@ async def test_a_refused_request_back_in_time_goes_ahead_of_fresh_ones() -> None
     await asyncio.sleep(0)
     assert "r2" in admission.queue and "r1-retry" in admission.queue
     worker.load_observed_s, worker.num_running = time.monotonic(), 3
+    worker.invalidate()
     assert admission.dispatch(time.monotonic()) == 1
     await asyncio.sleep(0)
     assert retry.done() and not fresh.done()

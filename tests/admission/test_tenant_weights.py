@@ -42,6 +42,7 @@ async def test_backlogged_tenants_are_served_in_proportion_to_their_weights(
     slo, worker = one_worker_slo()
     worker.load_observed_s = time.monotonic()
     worker.num_running = 4  # the worker is full: every request queues in the gateway
+    worker.invalidate()
     tenants = {"gold": tenant_principal("gold", gold_weight),
                "plain": tenant_principal("plain", plain_weight)}
     body = {"messages": [{"role": "user", "content": "the same prompt for everyone"}],
@@ -61,6 +62,7 @@ async def test_backlogged_tenants_are_served_in_proportion_to_their_weights(
     assert queued == {"gold": gold_weight, "plain": plain_weight}
 
     worker.num_running = 3  # one slot frees; each dispatch pass releases one request
+    worker.invalidate()
     for _ in range(NUM_SERVED):
         assert slo.dispatch(time.monotonic()) == 1
         await asyncio.sleep(0)
@@ -93,6 +95,7 @@ async def queue_requests(slo: SloAdmission, tenant: Principal, count: int,
 
 def release(slo: SloAdmission, worker: Backend, count: int) -> None:
     worker.num_running = 3  # one slot free: each dispatch pass releases one request
+    worker.invalidate()
     for _ in range(count):
         assert slo.dispatch(time.monotonic()) == 1
 
@@ -104,6 +107,7 @@ async def test_requests_that_never_started_buy_their_tenant_no_credit() -> None:
     slo, worker = one_worker_slo()
     worker.load_observed_s = time.monotonic()
     worker.num_running = 4
+    worker.invalidate()
     heavy, plain = tenant_principal("heavy", 1.0), tenant_principal("plain", 1.0)
     served: list[str] = []
     tasks = (await queue_requests(slo, heavy, 4, served)
@@ -126,6 +130,7 @@ async def test_requests_that_never_started_buy_their_tenant_no_credit() -> None:
         gone.cancel()
         await asyncio.gather(gone, return_exceptions=True)
         worker.num_running = 4
+        worker.invalidate()
         release(slo, worker, 1)
         await asyncio.sleep(0.01)
     assert served[2:] == ["heavy", "plain", "heavy", "plain"]
@@ -140,12 +145,14 @@ async def test_direct_admissions_put_their_tenant_behind_in_the_next_busy_period
     slo, worker = one_worker_slo()
     worker.load_observed_s = time.monotonic()
     worker.num_running = 0
+    worker.invalidate()
     heavy, plain = tenant_principal("heavy", 1.0), tenant_principal("plain", 1.0)
     for i in range(3):
         plan = slo.fleet.describe("m", BODY, "heavy")
         await slo.admit(TIERS["batch"], heavy.tenant, plan, f"direct-{i}")
     assert not len(slo.queue)
     worker.num_running = 4
+    worker.invalidate()
     served: list[str] = []
     tasks = (await queue_requests(slo, heavy, 3, served)
              + await queue_requests(slo, plain, 3, served))

@@ -163,8 +163,10 @@ def test_a_reported_miss_drops_the_evicted_backends_claims(is_fed_back: bool,
     holder, _ = send(prompt_a, 0.0, 0)
     other = 1 - holder
     backends[other].num_running = 50  # B goes to the same backend
+    backends[other].invalidate()
     assert send(prompt_b, 0.0, 0)[0] == holder
     backends[other].num_running = 0
+    backends[other].invalidate()
     # 30 s later A comes back to its holder, which has evicted it: it reports 0 cached
     assert send(prompt_a, 30.0, num_cached_tokens=0) == (holder, 320 // 16 * 16)
     assert router.approx_index is not None

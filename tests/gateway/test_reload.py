@@ -71,6 +71,19 @@ def test_backends_aliases_and_tiers_change_live(fleet: tuple[Gateway, list[Engin
     assert gateway.admin.post("/admin/reload").json()["applied"] == []
 
 
+def test_a_listed_backends_stated_profile_changes_live(
+        fleet: tuple[Gateway, list[Engine]]) -> None:
+    gateway, _ = fleet
+    config = _config(gateway)
+    config["backends"][0]["profile"] = {"max_batch": 7}
+    _write(gateway, config)
+    answer = gateway.admin.post("/admin/reload")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["applied"] == ["backends"]
+    (backend,) = gateway.admin.get("/admin/fleet").json()["data"]
+    assert backend["profile"]["max_batch"] == {"value": 7, "source": "config"}
+
+
 def test_an_invalid_file_changes_nothing_and_says_where(
         fleet: tuple[Gateway, list[Engine]]) -> None:
     gateway, _ = fleet

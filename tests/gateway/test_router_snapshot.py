@@ -21,6 +21,7 @@ def fleet(num_backends: int, observed_s: float) -> tuple[Router, list[Backend]]:
                         source="heartbeat") for i in range(num_backends)]
     for b in backends:
         b.load_observed_s = observed_s
+        b.invalidate()
     router = Router(BackendRegistry(backends), profile_by_name("least_load"),
                     ExactPrefixIndex(), ApproxPrefixIndex(), {})
     return router, backends
@@ -60,7 +61,7 @@ def test_staleness_is_judged_at_the_request_time_not_the_reference_time() -> Non
     router, backends = fleet(2, observed_s=95.02)  # 4.98 s old at the reference time
     router.snapshot(request(), 100.0)
     now_s = 100.0 + SNAPSHOT_REUSE_S * 0.8  # 5.02 s old now
-    backends[1].load_observed_s = 100.01  # a heartbeat after the reference time
+    backends[1].load_observed(100.01)  # a heartbeat after the reference time
     snapshot = router.snapshot(request(), now_s)
     assert snapshot.now_s == 100.0
     cycle = Cycle(request(), snapshot, now_s)

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from routing import prefix
 from routing.prefix import (
     char_block_hashes,
     num_shared_blocks,
@@ -35,6 +36,16 @@ def test_token_chains_share_exactly_the_common_full_blocks(
     hb = token_block_hashes(b, block_size, "m")
     assert len(ha) == len(a) // block_size
     assert num_shared_blocks(ha, hb) == shared
+
+
+def test_roots_are_remembered_within_a_bound_and_never_change() -> None:
+    first = root_hash("m", "salt-0")
+    salts = [f"salt-{i}" for i in range(prefix.MAX_ROOTS + 10)]
+    roots = [root_hash("m", salt) for salt in salts]  # overflows the memory once
+    assert len(prefix._ROOTS) <= prefix.MAX_ROOTS
+    assert len(set(roots)) == len(roots)
+    assert root_hash("m", "salt-0") == first == roots[0]  # computed again after the clear
+    assert root_hash("m", None) == root_hash("m", "")  # no salt is the empty salt, as before
 
 
 def test_same_block_at_another_position_hashes_differently() -> None:

@@ -65,15 +65,31 @@ def test_state_is_rebuilt_only_when_a_figure_or_the_time_changes() -> None:
     backend.load_observed_s = 9.0
     first = backend.state(10.0)
     assert backend.state(10.0) is first, "nothing changed: the same state"
-    backend.num_in_flight += 1
+    backend.book_started(reserved_tokens=100, pending_prefill_tokens=50)
     changed = backend.state(10.0)
     assert changed is not first and changed.num_in_flight == 1
     backend.mark_failure("refused")
     assert not backend.state(10.0).is_healthy
     later = backend.state(11.5)
     assert later.age_s == 2.5 and not later.is_healthy
-    backend.load_observed_s = 11.0
+    backend.load_observed(11.0)
     assert backend.state(11.5).age_s == 0.5
+
+
+def test_a_field_set_from_outside_is_seen_once_invalidated() -> None:
+    """Compiled, ``Backend`` has no ``__setattr__`` hook: code that sets a field ``state()``
+    reads calls ``invalidate()`` (as ``FleetSync`` and ``PeerLoad`` do)."""
+    backend = _backend("a")
+    backend.load_observed(9.0)
+    assert backend.state(10.0).num_waiting == 0
+    backend.num_waiting = 7
+    backend.invalidate()
+    assert backend.state(10.0).num_waiting == 7
+    backend.book_started(reserved_tokens=100, pending_prefill_tokens=0)
+    backend.book_ending()
+    assert backend.state(10.0).num_ending == 1
+    backend.book_finished(0, 0, had_first_token=True, was_ending=True)
+    assert backend.state(10.0).num_ending == 0
 
 
 @pytest.mark.parametrize(
