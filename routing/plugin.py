@@ -114,3 +114,14 @@ def check_number(key: str, value: object, *, minimum: float | None = None,
     if maximum is not None and number > maximum:
         raise ValueError(f"{key} must be <= {maximum:g}, got {value!r}")
     return number
+
+
+def below(rng: Random, n: int) -> int:
+    """``rng.randrange(n)``, the same draws from the same stream (``Random._randbelow``: the
+    bits of ``n``, drawn again until under it), without randrange's three interpreted frames:
+    compiled, one C call per draw. ``n`` > 0."""
+    k = n.bit_length()
+    r = rng.getrandbits(k)
+    while r >= n:
+        r = rng.getrandbits(k)
+    return r

@@ -38,7 +38,7 @@ from heapq import nlargest
 from random import Random
 from typing import Any
 
-from routing.plugin import check_number
+from routing.plugin import below, check_number
 from routing.types import BackendState, FleetSnapshot
 
 SETTINGS = ("above", "holders", "sampled")
@@ -87,7 +87,7 @@ class Shortlist:
             return []
         num_sampled = min(self.sampled, num_backends)
         step = max(1, num_backends // num_sampled) if num_sampled else 1
-        start = rng.randrange(num_backends)
+        start = below(rng, num_backends)
         chosen = {(start + i * step) % num_backends for i in range(num_sampled)}
         num_blocks = snapshot.prefix.num_blocks
         if num_blocks and self.holders:
@@ -99,7 +99,7 @@ class Shortlist:
                 # keeps the first, so the scan starts at a random one of them, in name order
                 # (deterministic for a seeded rng, whatever the hash seed).
                 names = sorted(num_blocks)
-                first = rng.randrange(len(names))
+                first = below(rng, len(names))
                 holders = nlargest(self.holders, names[first:] + names[:first],
                                    key=num_blocks.__getitem__)
             if not self._add_positions(snapshot, holders, chosen):

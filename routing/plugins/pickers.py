@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from random import Random
 
-from routing.plugin import check_number
+from routing.plugin import below, check_number
 from routing.registry import register_picker
 from routing.types import BackendState
 
@@ -33,8 +33,7 @@ class MaxScorePicker:
         ties = [i for i, s in enumerate(scores) if s >= best - TIE_EPSILON]
         if len(ties) == 1:
             return ties[0]
-        # random(), not randrange(): one C call instead of three Python-level frames
-        return ties[min(int(rng.random() * len(ties)), len(ties) - 1)]
+        return ties[below(rng, len(ties))]
 
 
 @register_picker("softmax")
@@ -77,7 +76,7 @@ class RandomPicker:
 
     def pick(self, candidates: Sequence[BackendState], scores: Sequence[float],
              rng: Random) -> int:
-        return rng.randrange(len(scores))
+        return below(rng, len(scores))
 
 
 @register_picker("round_robin")

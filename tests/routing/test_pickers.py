@@ -7,7 +7,7 @@ from random import Random
 
 import pytest
 
-from routing.plugin import Picker
+from routing.plugin import Picker, below
 from routing.plugins.pickers import (
     MaxScorePicker,
     PowerOfTwoPicker,
@@ -18,6 +18,16 @@ from routing.plugins.pickers import (
 from tests.routing.builders import backend
 
 CANDIDATES = [backend(f"w{i}") for i in range(4)]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7, 12345])
+def test_below_draws_what_randrange_draws_from_the_same_stream(seed: int) -> None:
+    """The pickers and the shortlist use ``below`` for ``randrange``: the same seed must give
+    the same decisions as before (the simulator's figures depend on it)."""
+    ours, theirs = Random(seed), Random(seed)
+    sizes = [n for n in range(1, 70)] + [2**k for k in range(1, 12)] + [1000, 4097]
+    assert [below(ours, n) for n in sizes * 5] == [theirs.randrange(n) for n in sizes * 5]
+    assert ours.random() == theirs.random()  # the streams stay in step after
 
 
 def picks(picker: Picker, scores: list[float], num_picks: int = 400,
