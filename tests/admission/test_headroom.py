@@ -195,8 +195,7 @@ async def test_a_waiting_interactive_request_gets_the_only_usable_slot(
     slo.fleet.registry.add(other)
     loop = asyncio.get_running_loop()
     for backend_ in (worker, other):
-        backend_.load_observed_s = time.monotonic()
-        backend_.invalidate()
+        backend_.load_observed(time.monotonic())
     worker.num_running, worker.num_waiting = 2, 1  # a free slot, but a request in its queue
     worker.invalidate()
     other.num_running = 4
@@ -230,8 +229,7 @@ def test_an_admitted_request_goes_to_a_backend_with_a_free_slot() -> None:
     router = Router(BackendRegistry([full, idle]), profile_by_name("prefix_affinity"),
                     ExactPrefixIndex(block_size=16), ApproxPrefixIndex(), {}, seed=1)
     for backend in (full, idle):
-        backend.load_observed_s = time.monotonic()  # the router's clock
-        backend.invalidate()
+        backend.load_observed(time.monotonic())  # the router's clock
     body = {"messages": [{"role": "user", "content": "a long shared system prompt " * 40}]}
     warm_up = router.describe("m", body, "t")
     router.started(full, warm_up)  # the approximate index now says "warm" holds the prefix

@@ -20,8 +20,7 @@ def fleet(num_backends: int, observed_s: float) -> tuple[Router, list[Backend]]:
     backends = [Backend(f"w{i}", f"http://127.0.0.1:{19000 + i}", frozenset({MODEL}),
                         source="heartbeat") for i in range(num_backends)]
     for b in backends:
-        b.load_observed_s = observed_s
-        b.invalidate()
+        b.load_observed(observed_s)
     router = Router(BackendRegistry(backends), profile_by_name("least_load"),
                     ExactPrefixIndex(), ApproxPrefixIndex(), {})
     return router, backends
