@@ -67,7 +67,7 @@ MODULES = (
 )
 # What mypyc compiles otherwise than Python runs it: ``_mypyc_pitfalls`` in
 # tests/routing/test_native.py, which checks every module here for it. (A ``__setattr__`` is
-# one for mypyc before 2.x, which bypasses it: the registry's Backend used one to drop its
+# one for older mypyc, which bypasses it: the registry's Backend used one to drop its
 # cached state, and now drops it in each method that changes a field, with ``invalidate()``
 # for code elsewhere.)
 
