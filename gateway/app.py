@@ -176,6 +176,7 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
                                           peers=PeerLoad(registry, replica_id),
                                           push_interval_s=settings.routing.share_push_ms / 1000)
             router.on_record = approx_sync.record
+            router.on_lesson = approx_sync.lesson
             router.on_booked = approx_sync.notify
             try:
                 await approx_sync.catch_up()

@@ -183,6 +183,9 @@ class Router:
         self._broken_warned_s: dict[str, float] = {}
         # Called with each decision the approximate index learns (to share it with replicas).
         self.on_record: Callable[[tuple[int, ...], str, float], None] | None = None
+        # Called with each response that changed a backend's claim lifetime in the
+        # approximate index (backend, claim age, hit): ApproxIndexSync.lesson tells the others.
+        self.on_lesson: Callable[[str, float, bool], None] | None = None
         # Called after each change of a backend's in-flight books (ApproxIndexSync.notify).
         self.on_booked: Callable[[], None] | None = None
 
@@ -379,8 +382,10 @@ class Router:
         feedback.add(num_prompt_tokens, expected, num_cached_tokens)
         claim_age_s = plan.claim_age_s
         if claim_age_s is not None and expected >= 2 * self.block_size:
-            self.approx_index.observe(backend.name, claim_age_s,
-                                      is_hit=num_cached_tokens >= expected // 2)
+            is_hit = num_cached_tokens >= expected // 2
+            if (self.approx_index.observe(backend.name, claim_age_s, is_hit)
+                    and self.on_lesson is not None):
+                self.on_lesson(backend.name, claim_age_s, is_hit)
         if feedback.is_broken():
             now_s = self._clock()
             if now_s - self._broken_warned_s.get(backend.name, -inf) >= BROKEN_WARN_EVERY_S:

@@ -73,15 +73,16 @@ class ApproxPrefixIndex:
         """How long ``backend``'s claims count: ``ttl_s`` unless feedback shortened it."""
         return self._ttl_by_backend.get(backend, self.ttl_s)
 
-    def observe(self, backend: str, claim_age_s: float, is_hit: bool) -> None:
+    def observe(self, backend: str, claim_age_s: float, is_hit: bool) -> bool:
         """What ``backend`` reported for a claim recorded ``claim_age_s`` before: a miss
         shortens its claims' lifetime to that age (at least ``MIN_TTL_S``), a hit within 20 %
         of the lifetime lengthens it by a quarter (at most ``ttl_s``). A miss younger than
-        ``MIN_TTL_S`` changes nothing (the prefix may not have been computed there yet)."""
-        ttl_s = self.ttl_for(backend)
+        ``MIN_TTL_S`` changes nothing (the prefix may not have been computed there yet).
+        True when the lifetime changed: a lesson worth telling the other replicas."""
+        before_s = ttl_s = self.ttl_for(backend)
         age_s = max(0.0, claim_age_s)
         if not is_hit and age_s < MIN_TTL_S:
-            return  # the claimed prefix may still have been in prefill there: no evidence
+            return False  # the claimed prefix may still have been in prefill there: no evidence
         if not is_hit:
             ttl_s = max(MIN_TTL_S, min(ttl_s, age_s))
         elif age_s >= 0.8 * ttl_s:
@@ -90,6 +91,7 @@ class ApproxPrefixIndex:
             self._ttl_by_backend.pop(backend, None)
         else:
             self._ttl_by_backend[backend] = ttl_s
+        return self.ttl_for(backend) != before_s
 
     def claim_s(self, char_hashes: Sequence[int], num_blocks: int, backend: str) -> float | None:
         """When ``backend``'s claim on the ``num_blocks``-th block of the chain was recorded."""

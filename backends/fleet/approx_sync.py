@@ -10,6 +10,17 @@ catches up with no extra state, then reads on from the last entry it saw (from t
 range when it saw none), so an entry added while the catch-up's reply travelled is not missed.
 The stream is trimmed to about ``stream_maxlen`` entries.
 
+The replicas also share what the responses taught them (``lesson``): when a response changed a
+backend's claim lifetime in this replica's index (``ApproxPrefixIndex.observe``: a miss on a
+claim of some age shortens it, hits near it let it grow back), the observation goes out as an
+entry of its own (fields ``r``, ``b``, ``a`` the claim's age in seconds, ``o`` ``hit`` or
+``miss``; and ``t``, ``h`` empty, so a replica of an earlier version reads a claim on nothing),
+and every other replica applies it to its own index. Each replica otherwise hears
+only its own 1/N of the responses, and would go on trusting claims on a backend that evicted
+them until a request of its own missed there (in virtual time, sharing the lessons took the
+misses of 2 and 4 replicas under KV pressure back to one replica's: ``docs/benchmarks/vsim.md``).
+Lessons are rare: a lifetime changes on misses and on hits near it, not on every response.
+
 A decision the others already heard is not sent again: the same prompt prefix (its last block
 hash, which the chain makes stand for the whole prefix) sent to the same backend within
 ``republish_s`` (0.25 s, a quarter of the shortest claim lifetime ``MIN_TTL_S``) is dropped, so
@@ -30,6 +41,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -43,6 +55,37 @@ log = logging.getLogger(__name__)
 
 APPROX_STREAM = "sy:approx"
 MAX_REMEMBERED = 65_536  # (prefix, backend) pairs whose last send is remembered
+Lesson = tuple[str, float, bool]  # (backend, claim age in seconds, hit): ApproxPrefixIndex.observe
+
+
+def lesson_fields(replica_id: str, lesson: Lesson) -> dict[Any, Any]:
+    """The stream entry of a lesson (module docstring). It carries a claim's fields too, on
+    no hashes (``t`` now, ``h`` empty), so a replica of an earlier version reads it as a claim
+    on nothing."""
+    backend, claim_age_s, is_hit = lesson
+    return {"r": replica_id, "b": backend, "t": f"{time.time():.3f}", "h": b"",
+            "a": f"{claim_age_s:.3f}", "o": "hit" if is_hit else "miss"}
+
+
+def lesson_of(fields: Mapping[Any, Any]) -> Lesson | None:
+    """A lesson from its entry's fields as read from Redis (bytes keys) or as
+    ``lesson_fields`` made them; None when the entry is not one (a claim)."""
+    outcome = fields.get(b"o", fields.get("o"))
+    if outcome is None:
+        return None
+    backend = fields.get(b"b", fields.get("b"))
+    age = fields.get(b"a", fields.get("a"))
+    if isinstance(outcome, bytes):
+        outcome = outcome.decode()
+    if isinstance(backend, bytes):
+        backend = backend.decode()
+    if not isinstance(backend, str) or age is None or outcome not in ("hit", "miss"):
+        return None  # a malformed entry: nothing to learn from it
+    try:
+        claim_age_s = float(age)
+    except ValueError:
+        return None
+    return backend, claim_age_s, outcome == "hit"
 
 
 class ApproxIndexSync:
@@ -75,6 +118,7 @@ class ApproxIndexSync:
         self._changed = asyncio.Event()
         self._stream_maxlen = stream_maxlen
         self._pending: list[tuple[tuple[int, ...], str, float]] = []
+        self._lessons: list[Lesson] = []
         self._last_id: bytes | str = "$"
         self._republish_s = republish_s
         self._published: dict[tuple[int, str], float] = {}  # (last hash, backend) -> when
@@ -98,6 +142,18 @@ class ApproxIndexSync:
         self._pending.append((char_hashes, backend, recorded_s))
         self._changed.set()
 
+    def lesson(self, backend: str, claim_age_s: float, is_hit: bool) -> None:
+        """Queue what a response taught this replica about ``backend``'s claims (the
+        ``Router.on_lesson`` hook: it changed the claim lifetime here) for the others; never
+        blocks."""
+        self._lessons.append((backend, claim_age_s, is_hit))
+        self._changed.set()
+
+    def take_lessons(self) -> list[Lesson]:
+        """The lessons queued since the last flush, handed over (the next flush sends none)."""
+        lessons, self._lessons = self._lessons, []
+        return lessons
+
     def notify(self) -> None:
         """This replica's books changed (``Router.on_booked``): the writer flushes its counts
         soon; never blocks."""
@@ -115,20 +171,26 @@ class ApproxIndexSync:
 
     async def flush(self) -> None:
         pending, self._pending = self._pending, []
+        lessons = self.take_lessons()
         load = self._peers.entry() if self._peers is not None else None
-        if not pending and load is None:
+        if not pending and not lessons and load is None:
             return
+        maxlen = self._stream_maxlen
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for hashes, backend, recorded_s in pending:
                     pipe.xadd(APPROX_STREAM, {"r": self.replica_id, "b": backend,
                                               "t": f"{recorded_s:.3f}", "h": pack_hashes(hashes)},
-                              maxlen=self._stream_maxlen, approximate=True)
+                              maxlen=maxlen, approximate=True)
+                for lesson in lessons:
+                    pipe.xadd(APPROX_STREAM, lesson_fields(self.replica_id, lesson),
+                              maxlen=maxlen, approximate=True)
                 if load is not None:
-                    pipe.xadd(APPROX_STREAM, load, maxlen=self._stream_maxlen, approximate=True)
+                    pipe.xadd(APPROX_STREAM, load, maxlen=maxlen, approximate=True)
                 await pipe.execute()
         except BaseException:
             self._pending[:0] = pending
+            self._lessons[:0] = lessons
             raise
 
     async def run(self) -> None:
@@ -201,6 +263,11 @@ class ApproxIndexSync:
             if load is not None:  # a replica's requests in flight, not a claim
                 if peers is not None:
                     peers.merge(fields[b"r"], load[0], is_delta=load[1])
+                continue
+            if b"o" in fields:  # a lesson, not a claim
+                lesson = lesson_of(fields)
+                if lesson is not None:
+                    self._index.observe(*lesson)
                 continue
             backend = fields[b"b"].decode()
             recorded_s = float(fields[b"t"])

@@ -8,9 +8,11 @@ the same prefix to the same backend within ``republish_s`` is not sent again). T
 
 - a replica wakes when its ``XREAD`` reply arrives; it merges the other replicas' entries in it
   (``ApproxPrefixIndex.merge``, each claim with its own time, rounded to the millisecond as the
-  stream's ``t`` field; a load entry to its ``PeerLoad.merge``), sets its backends' ``peer_*``
-  counts (``PeerLoad.apply``), then flushes what it recorded since its last flush and, when its
-  own in-flight counts changed (or a keepalive is due), a load entry (``PeerLoad.entry``):
+  stream's ``t`` field; a load entry to its ``PeerLoad.merge``; a lesson, what a response
+  taught a replica about a backend's claim lifetime, to its ``ApproxPrefixIndex.observe``),
+  sets its backends' ``peer_*`` counts (``PeerLoad.apply``), then flushes what it recorded
+  since its last flush and, when its own in-flight counts changed (or a keepalive is due), a
+  load entry (``PeerLoad.entry``):
   pipelined ``XADD``s, in the stream half a round trip later, acknowledged a round trip later;
   then it sends its next ``XREAD`` from the last entry it read;
 - an ``XREAD`` that finds unread entries when it reaches Redis (after a flush, this replica's
@@ -58,7 +60,7 @@ from typing import cast
 
 import redis.asyncio as aioredis
 
-from backends.fleet.approx_sync import ApproxIndexSync
+from backends.fleet.approx_sync import ApproxIndexSync, Lesson
 from backends.fleet.peer_load import PeerLoad, load_of, peer_counts
 from backends.fleet.registry import Backend
 from routing.index_approx import ApproxPrefixIndex
@@ -115,10 +117,11 @@ class ApproxShare:
         self._push = push
         self._has_work = has_work
         num_replicas = len(self.indexes)
-        # The stream's unread tail: when each flush's entries were added, by whom, their claims
-        # and load entry (None: none).
+        # The stream's unread tail: when each flush's entries were added, by whom, their
+        # claims, load entry (None: none) and lessons.
         self._added_s: list[float] = []
-        self._entries: list[tuple[int, list[Claim], tuple[bytes, bool] | None]] = []
+        self._entries: list[tuple[int, list[Claim], tuple[bytes, bool] | None,
+                                  list[Lesson]]] = []
         self._base = 0  # the stream position of _entries[0]
         self._read = [0] * num_replicas  # stream position each replica has read up to
         self._at_redis_s = [0.0] * num_replicas  # when its pending XREAD reaches Redis
@@ -126,6 +129,7 @@ class ApproxShare:
         self.num_flushes = 0
         self.num_claims_sent = 0
         self.num_loads_sent = 0
+        self.num_lessons_sent = 0
         # push_interval_s not None: a writer task of its own (its own connection) flushes as
         # the books change, at most once per round trip plus push_interval_s; the read loop
         # only reads (ApproxIndexSync's push_interval_s). None: the read loop flushes.
@@ -155,6 +159,21 @@ class ApproxShare:
 
         return record_at_once
 
+    def teacher(self, replica: int) -> Callable[[str, float, bool], None]:
+        """The ``Router.on_lesson`` hook of ``replica``: its lessons go out with its next flush
+        (``ApproxIndexSync.lesson``), or at once with ``flush_interval_s`` 0."""
+        sync = self.syncs[replica]
+        if not self.is_at_once:
+            return sync.lesson
+
+        def teach_at_once(backend: str, claim_age_s: float, is_hit: bool) -> None:
+            self.num_lessons_sent += 1
+            for other, index in enumerate(self.indexes):
+                if other != replica:
+                    index.observe(backend, claim_age_s, is_hit)
+
+        return teach_at_once
+
     def start(self, now_s: float) -> None:
         """Every replica sends its first ``XREAD`` (it caught up on an empty stream)."""
         if not self.is_at_once:
@@ -175,14 +194,19 @@ class ApproxShare:
         self._read[replica] = self._base + end
         claims: list[Claim] = []
         peers = None if self.peers is None else self.peers[replica]
-        for source, entries, load in self._entries[start:end]:
+        lessons: list[Lesson] = []
+        for source, entries, load, taught in self._entries[start:end]:
             if source == replica:
                 continue
             claims += entries
+            lessons += taught
             if load is not None and peers is not None:
                 peers.merge(f"r{source}", load[0], now_s, is_delta=load[1])
         if claims:
             self._merge(replica, claims, now_s)
+        index = self.indexes[replica]
+        for lesson in lessons:
+            index.observe(*lesson)
         if peers is not None:
             self._apply(replica, now_s)
         self._trim()
@@ -196,16 +220,18 @@ class ApproxShare:
         half_s = self.rtt_s / 2
         peers = None if self.peers is None else self.peers[replica]
         pending = self.syncs[replica].take()
+        lessons = self.syncs[replica].take_lessons()
         entry = None if peers is None else peers.entry(now_s)
         load = None if entry is None else load_of(entry)
-        if not pending and load is None:
+        if not pending and not lessons and load is None:
             return False
         self.num_flushes += 1
         self.num_claims_sent += len(pending)
+        self.num_lessons_sent += len(lessons)
         self.num_loads_sent += load is not None
         added_s = now_s + half_s
         self._added_s.append(added_s)
-        self._entries.append((replica, pending, load))
+        self._entries.append((replica, pending, load, lessons))
         for other, at_redis_s in enumerate(self._at_redis_s):
             if other == replica and not wake_self:
                 continue

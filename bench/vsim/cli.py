@@ -118,6 +118,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="replicas share their approximate indexes through sy:approx (both: each way)")
     add("--peer-load", choices=("on", "off", "both"), default="on",
         help="replicas share their in-flight counts through sy:approx (both: each way)")
+    add("--share-lessons", choices=("on", "off"), default="on",
+        help="replicas that share claims also share what responses taught them about each "
+             "backend's claim lifetime (off: each learns from its own responses only)")
     add("--share-flush-ms", type=float, default=FLUSH_INTERVAL_S * 1000,
         help="sy:approx batching interval and XREAD block (0: claims reach replicas at once)")
     add("--share-rtt-ms", type=float, default=1.0, help="sy:approx: a Redis round trip")
@@ -232,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        scrape_interval_s=args.scrape_s, cache_feedback=not args.no_cache_feedback,
                        share_flush_s=args.share_flush_ms / 1000,
                        share_rtt_s=args.share_rtt_ms / 1000,
+                       share_lessons=args.share_lessons == "on",
                        share_push_s=(None if args.share_push_ms is None
                                      else args.share_push_ms / 1000))
     capacity = math.nan

@@ -54,6 +54,7 @@ class SimConfig:
     # through sy:approx (bench/vsim/approx_share.py).
     num_replicas: int = 1
     share_approx: bool = True
+    share_lessons: bool = True  # and what responses taught each about claim lifetimes
     peer_load: bool = True
     share_flush_s: float = FLUSH_INTERVAL_S  # ApproxIndexSync's batching / XREAD block
     share_rtt_s: float = 0.001  # a Redis round trip

@@ -13,6 +13,10 @@ are simulated but not counted: a cold fleet's first requests all miss the cache)
   request: a request's ideal hit is its longest run of leading full blocks whose chain hashes
   appeared in any earlier-arriving request's prompt (capped as the engine caps a hit, leaving
   at least one token to compute). **share of ideal** = cached / ideal.
+- **missed** the share of requests that got under half their ideal hit (a prefix the fleet had
+  seen that the chosen worker did not hold: a cold prefill), as ``bench/routing/figures.py``
+  counts them live. Each costs a whole prefill, so the TTFT tail moves with this share once it
+  nears the tail's percentile (at 1 %, the p99 jumps to the misses' TTFTs).
 - **spread** max / mean over workers of requests routed (counted ones), and of busy time (the
   sum of the worker's step times), and of requests in flight (the sum of its requests' e2e
   times: by Little's law, its mean number of requests in flight, queued or running, times the
@@ -95,6 +99,7 @@ class RunResult:
     cached_fraction: float
     ideal_cached_fraction: float
     share_of_ideal: float
+    missed_fraction: float
     requests_spread: float
     busy_spread: float
     in_flight_spread: float
@@ -138,6 +143,8 @@ def summarize(recorder: Recorder, *, profile: str, workload: str, rate_per_s: fl
     num_prompt = sum(recorder.num_prompt_tokens[i] for i in done)
     num_cached = sum(recorder.num_cached_tokens[i] for i in done)
     num_ideal = sum(recorder.num_ideal_tokens[i] for i in done)
+    cached_tokens, ideal_tokens = recorder.num_cached_tokens, recorder.num_ideal_tokens
+    num_missed = sum(1 for i in done if cached_tokens[i] < 0.5 * ideal_tokens[i])
     per_worker = [0] * len(busy_s)
     in_flight_s = [0.0] * len(busy_s)
     for i, e2e_s in zip(done, e2e, strict=True):
@@ -158,6 +165,7 @@ def summarize(recorder: Recorder, *, profile: str, workload: str, rate_per_s: fl
         cached_fraction=num_cached / num_prompt if num_prompt else math.nan,
         ideal_cached_fraction=num_ideal / num_prompt if num_prompt else math.nan,
         share_of_ideal=num_cached / num_ideal if num_ideal else math.nan,
+        missed_fraction=num_missed / len(done) if done else math.nan,
         requests_spread=spread(per_worker), busy_spread=spread(busy_s),
         in_flight_spread=spread(in_flight_s),
         busy_mean_fraction=sum(busy_s) / len(busy_s) / run_s if run_s > 0 else math.nan,

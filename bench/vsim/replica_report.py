@@ -27,7 +27,8 @@ from bench.vsim.profiles import LOAD_BLIND, PROFILES
 MAX_TTFT_RATIO = 1.05
 MIN_CACHED_RATIO = 0.95
 _FIGURES = (("ttft_p90_ms", "ttft_p90_s", 1000.0), ("ttft_p99_ms", "ttft_p99_s", 1000.0),
-            ("cached_fraction", "cached_fraction", 1.0))
+            ("cached_fraction", "cached_fraction", 1.0),
+            ("missed_percent", "missed_fraction", 100.0))
 
 
 def sharing_label(result: RunResult) -> str:
@@ -85,11 +86,11 @@ def replica_table(rows: Iterable[Mapping[str, Any]]) -> str:
         return ratio_cell(pair, "one", "many", digits)
 
     lines = ["| mode | profile | replicas | approx index | peer load | TTFT p90 (ms) "
-             "| TTFT p99 (ms) | cached share |",
-             "| --- | --- | ---: | --- | --- | ---: | ---: | ---: |"]
+             "| TTFT p99 (ms) | cached share | missed (%) |",
+             "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: |"]
     for r in rows:
         lines.append(f"| {r['mode']} | {r['profile']} | {r['num_replicas']} | {r['sharing']} "
                      f"| {r['peer_load']} "
                      f"| {cell(r['ttft_p90_ms'], 0)} | {cell(r['ttft_p99_ms'], 0)} "
-                     f"| {cell(r['cached_fraction'], 3)} |")
+                     f"| {cell(r['cached_fraction'], 3)} | {cell(r['missed_percent'], 2)} |")
     return "\n".join(lines)

@@ -133,4 +133,6 @@ def build_share(config: SimConfig, replicas: Sequence[Replica], *,
     if share_claims:
         for r, replica in enumerate(replicas):
             replica.router.gateway.on_record = share.recorder(r)
+            if config.share_lessons:
+                replica.router.gateway.on_lesson = share.teacher(r)
     return share

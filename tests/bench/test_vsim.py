@@ -23,6 +23,7 @@ from bench.vsim import (
     simulate,
 )
 from bench.vsim.cli import main
+from bench.vsim.metrics import Recorder, summarize
 from bench.vsim.router import VirtualRouter
 from gateway.router import RoutePlan
 from routing.prefix import token_block_hashes
@@ -193,3 +194,25 @@ def test_cli_prints_a_table_and_writes_json(tmp_path: Path,
     table = capsys.readouterr().out
     assert "| round_robin |" in table and "| prefix_affinity_approx |" in table
     assert '"profile": "prefix_affinity_approx"' in out.read_text()
+
+
+def test_missed_counts_requests_under_half_their_ideal_hit() -> None:
+    """A request whose prompt the fleet had seen (its ideal hit) but that got under half of it
+    cached is a miss; the warm-up's requests and ones with nothing to hit are not."""
+    recorder = Recorder(num_requests=5, block_size=16)
+    prompt = tuple(range(1, 9))  # 8 blocks' hashes
+    for index in range(5):
+        recorder.arrived(index, at_s=float(index), block_hashes=prompt, num_prompt_tokens=129)
+        recorder.first_token_s[index] = index + 0.1
+        recorder.finish_s[index] = index + 0.2
+        recorder.num_output_tokens[index] = 2
+        recorder.worker[index] = 0
+    # ideal: 0 for the first (left out as warm-up), 128 tokens for the rest; cached 0 (a
+    # miss), 64 (exactly half: a hit), 63 (a miss) and 128.
+    recorder.num_cached_tokens[:] = [0, 0, 64, 63, 128]
+    assert recorder.num_ideal_tokens == [0, 128, 128, 128, 128]
+    result = summarize(recorder, profile="p", workload="w", rate_per_s=1.0,
+                       kv_tokens_per_worker=1, busy_s=[1.0], num_preemptions=0, wall_s=1.0,
+                       num_warmup=1)
+    assert result.num_completed == 4
+    assert result.missed_fraction == pytest.approx(2 / 4)  # indexes 1 and 3

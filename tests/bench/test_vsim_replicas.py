@@ -289,3 +289,26 @@ def test_cli_runs_peer_load_both_ways(tmp_path: Path,
     assert sorted((r["num_replicas"], r["is_peer_load"]) for r in document["results"]
                   if r["profile"] == "prefix_affinity_approx") == [
         (1, True), (2, False), (2, True)]
+
+
+@pytest.mark.parametrize("share_lessons", [True, False])
+def test_replicas_share_what_responses_taught_them(share_lessons: bool) -> None:
+    """Under KV pressure misses teach each replica shorter claim lifetimes. Shared, every
+    replica ends with the lifetimes it was taught by anyone's responses; kept to itself,
+    each replica knows only what its own responses taught it."""
+    worker = replace(THIRD_PARTY.worker, num_kv_blocks=30)  # each worker: room for ~1 prompt
+    config = replace(THIRD_PARTY, num_replicas=2, worker=worker, share_lessons=share_lessons,
+                     num_requests=400)
+    simulation = Simulation(config, SharedPrefix(OPTIONS, num_groups=6, seed=1),
+                            [0.5 * (i + 1) for i in range(400)])
+    simulation.run()
+    assert simulation.share is not None
+    ttls = [dict(replica.router.approx_index._ttl_by_backend)
+            for replica in simulation.replicas]
+    assert all(ttls), "misses taught every replica something"
+    if share_lessons:
+        assert simulation.share.num_lessons_sent > 0
+        assert ttls[0] == ttls[1]
+    else:
+        assert simulation.share.num_lessons_sent == 0
+        assert ttls[0] != ttls[1]

@@ -204,3 +204,13 @@ def test_learned_lifetimes_agree_with_a_naive_model() -> None:
                 if depth:
                     expected[name] = depth
             assert matched(index, query, now_s) == expected
+
+
+def test_observe_says_whether_the_lifetime_changed() -> None:
+    index = ApproxPrefixIndex(ttl_s=100.0)
+    assert not index.observe("a", claim_age_s=0.5, is_hit=False)  # too young: no evidence
+    assert not index.observe("a", claim_age_s=10.0, is_hit=True)  # a hit far inside it
+    assert index.observe("a", claim_age_s=10.0, is_hit=False)  # shortened to 10 s
+    assert not index.observe("a", claim_age_s=20.0, is_hit=False)  # older than it: no change
+    assert index.observe("a", claim_age_s=9.0, is_hit=True)  # near it: grows to 12.5 s
+    assert index.ttl_for("a") == pytest.approx(12.5)

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from backends.fleet.approx_sync import APPROX_STREAM, ApproxIndexSync
-from backends.publisher import pack_hashes
+from backends.fleet.approx_sync import APPROX_STREAM, ApproxIndexSync, lesson_fields, lesson_of
+from backends.publisher import pack_hashes, unpack_hashes
 from routing.index_approx import ApproxPrefixIndex
 from routing.prefix import char_block_hashes
 
@@ -135,3 +135,51 @@ async def test_a_writer_of_its_own_sends_while_every_read_blocks(
         sync_1.record(chain, "w1", time.time())
         assert await _until(lambda: index_2.match(chain, time.time()).num_blocks.get("w1")
                             == len(chain), timeout_s=1.0)
+
+
+async def test_what_a_response_taught_one_replica_reaches_the_others(
+        approx_redis: aioredis.Redis) -> None:
+    """A miss on a 5 s old claim shortens w0's claim lifetime on the replica that saw it; the
+    lesson goes out through the stream and the other replica shortens w0's too (its own
+    responses never touched w0), and so does a replica that starts later, catching up."""
+    async with _two_replicas(approx_redis, flush_interval_s=0.02) as replicas:
+        (index_1, sync_1), (index_2, _) = replicas
+        assert index_1.observe("w0", claim_age_s=5.0, is_hit=False)  # the router's learn()
+        sync_1.lesson("w0", 5.0, False)  # its on_lesson hook
+        assert await _until(lambda: index_2.ttl_for("w0") == pytest.approx(5.0))
+        assert index_2.ttl_for("w1") == 60  # nothing said of w1
+        assert index_1.ttl_for("w0") == pytest.approx(5.0)  # its own lesson is not applied twice
+    late = ApproxPrefixIndex(ttl_s=60)
+    await ApproxIndexSync(approx_redis, late, "gw-3", ttl_s=60).catch_up()
+    assert late.ttl_for("w0") == pytest.approx(5.0)
+
+
+def test_lesson_entries_round_trip_and_malformed_ones_teach_nothing() -> None:
+    fields = lesson_fields("gw-1", ("w0", 5.25, True))
+    assert lesson_of(fields) == ("w0", 5.25, True)
+    as_read = {k.encode(): v if isinstance(v, bytes) else v.encode()  # what XREAD returns
+               for k, v in fields.items()}
+    assert lesson_of(as_read) == ("w0", 5.25, True)
+    assert lesson_of({b"r": b"gw-1", b"b": b"w0", b"t": b"1.0", b"h": b""}) is None  # a claim
+    for bad in ({b"o": b"maybe", b"b": b"w0", b"a": b"1"}, {b"o": b"miss", b"b": b"w0"},
+                {b"o": b"miss", b"b": b"w0", b"a": b"soon"}, {b"o": b"hit", b"a": b"1"}):
+        assert lesson_of(bad) is None, bad
+
+
+async def test_a_malformed_lesson_is_skipped_and_the_reader_goes_on(
+        approx_redis: aioredis.Redis) -> None:
+    async with _two_replicas(approx_redis, flush_interval_s=0.02) as replicas:
+        (_, _), (index_2, _) = replicas
+        await approx_redis.xadd(APPROX_STREAM, {"r": "gw-9", "b": "w0", "o": "miss", "a": "x"})
+        await approx_redis.xadd(APPROX_STREAM, {"r": "gw-9", "b": "w1", "o": "miss", "a": "4"})
+        assert await _until(lambda: index_2.ttl_for("w1") == pytest.approx(4.0))
+        assert index_2.ttl_for("w0") == 60
+
+
+def test_a_lesson_reads_as_a_claim_on_nothing_to_an_earlier_version() -> None:
+    """An earlier replica's reader knows claims (``b``, ``t``, ``h``) and counts only: a
+    lesson must parse as a claim on no hashes there, not break its reader."""
+    fields = {k.encode(): v if isinstance(v, bytes) else v.encode()
+              for k, v in lesson_fields("gw-1", ("w0", 5.0, False)).items()}
+    assert fields[b"b"] == b"w0" and float(fields[b"t"]) > 0
+    assert list(unpack_hashes(fields[b"h"])) == []
