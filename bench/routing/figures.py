@@ -83,12 +83,17 @@ def ideal_fraction(records: Sequence[Record], ideal: Mapping[int, int]) -> float
     return sum(ideal[r.index] for r in covered) / num_prompt if num_prompt else None
 
 
+def is_miss(num_cached_tokens: int, num_ideal_tokens: int) -> bool:
+    """A request that got under half its ideal cached tokens (``bench.vsim`` counts the same)."""
+    return num_cached_tokens < 0.5 * num_ideal_tokens
+
+
 def miss_split(records: Sequence[Record], ideal: Mapping[int, int]) -> dict[str, Any]:
     """Requests with under half their ideal cached tokens (misses) against the rest (hits):
     the misses' share, and each side's TTFT p50 / p99 in ms."""
     judged = [r for r in records if r.index in ideal and r.ttft_s is not None]
-    missed = [r for r in judged if (r.num_cached_tokens or 0) < 0.5 * ideal[r.index]]
-    hits = [r for r in judged if (r.num_cached_tokens or 0) >= 0.5 * ideal[r.index]]
+    missed = [r for r in judged if is_miss(r.num_cached_tokens or 0, ideal[r.index])]
+    hits = [r for r in judged if not is_miss(r.num_cached_tokens or 0, ideal[r.index])]
 
     def ttft(rs: Sequence[Record]) -> dict[str, float | None]:
         q = quantiles_ms([r.ttft_s for r in rs if r.ttft_s is not None])

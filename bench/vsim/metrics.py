@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bench.common.stats import percentile
+from bench.routing.figures import is_miss
 
 
 class Recorder:
@@ -144,7 +145,7 @@ def summarize(recorder: Recorder, *, profile: str, workload: str, rate_per_s: fl
     num_cached = sum(recorder.num_cached_tokens[i] for i in done)
     num_ideal = sum(recorder.num_ideal_tokens[i] for i in done)
     cached_tokens, ideal_tokens = recorder.num_cached_tokens, recorder.num_ideal_tokens
-    num_missed = sum(1 for i in done if cached_tokens[i] < 0.5 * ideal_tokens[i])
+    num_missed = sum(1 for i in done if is_miss(cached_tokens[i], ideal_tokens[i]))
     per_worker = [0] * len(busy_s)
     in_flight_s = [0.0] * len(busy_s)
     for i, e2e_s in zip(done, e2e, strict=True):
