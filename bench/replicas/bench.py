@@ -31,14 +31,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from bench.common.ballast import Ballast
 from bench.common.fleet_modes import MODE_CHOICES, Mode, key_of, parse_modes
+from bench.common.pinning import CorePlan, pin
 from bench.common.procstat import busy_cpu_seconds, cpu_seconds
 from bench.replicas.convergence import OFFSETS_S, measure_convergence
 from bench.replicas.drive import drive_front
@@ -78,6 +84,10 @@ class Settings:
     quota_rate_per_s: float | None = None  # each tenant's; None: `overload_rate_per_s`
     quota_window_s: float = 30.0
     num_revocation_trials: int = 5
+    is_pinned: bool = True  # the simulated engines on a core of their own (bench.common.pinning)
+    is_extras: bool = True  # convergence, revocation and quota on the largest fleet
+    is_ballast: bool = True  # one replica again with the largest fleet's extra CPU burnt
+    overrides: tuple[tuple[str, Any], ...] = ()  # gateway settings (ReplicaSpec.overrides)
     workdir: Path = Path("bench/results/replicas-fleet")
 
     @property
@@ -124,10 +134,25 @@ def _own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_one(spec: ReplicaSpec, settings: Settings, label: str, *, is_extra: bool = False
-            ) -> dict[str, Any]:
+def run_one(spec: ReplicaSpec, settings: Settings, label: str, *, is_extra: bool = False,
+            ballast_cores: float = 0.0) -> dict[str, Any]:
     """One fresh fleet, the workload through its front; its figures (and, with ``is_extra``,
-    the convergence, revocation and quota measurements)."""
+    the convergence, revocation and quota measurements). With ``settings.is_pinned`` the
+    simulated engines run on a core of their own and everything else on the others; with
+    ``ballast_cores`` a `Ballast` burns that share of a core beside the gateways while the
+    workload runs."""
+    plan = CorePlan.split() if settings.is_pinned else None
+    affinity = None if plan is None else plan.keep_self()
+    try:
+        return _run_fleet(spec, settings, label, plan, is_extra=is_extra,
+                          ballast_cores=ballast_cores)
+    finally:
+        if affinity is not None:
+            pin(os.getpid(), affinity)
+
+
+def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan | None, *,
+               is_extra: bool, ballast_cores: float) -> dict[str, Any]:
     started, busy_before, own_before = time.monotonic(), busy_cpu_seconds(), _own_cpu_s()
     slug = f"{spec.mode}-{label.replace(' ', '-')}{'' if spec.is_shared else '-memory'}"
     load = Load(rate_per_s=settings.rate_per_s, send_s=settings.send_s,
@@ -135,14 +160,22 @@ def run_one(spec: ReplicaSpec, settings: Settings, label: str, *, is_extra: bool
     extras: dict[str, Any] = {}
     with replica_fleet(spec, settings.workdir / slug) as fleet:
         pids = fleet.pids()
+        if plan is not None:
+            plan.pin_engines([pids["sim"]])
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         tenants = _tenants(fleet, settings)
         specs = WORKLOADS["shared-prefix"](settings.options, tenants, settings.seed)
-        run = drive_front(fleet, specs, load)
-        fleet_cpu_s = sum(cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items())
+        if ballast_cores > 0:
+            with Ballast(ballast_cores, max_s=load.send_s + load.drain_s + 60) as ballast:
+                run = drive_front(fleet, specs, load)
+            extras["ballast"] = {"target_cores": ballast_cores, "cores": ballast.cores}
+        else:
+            run = drive_front(fleet, specs, load)
+        cpu_s = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+        fleet_cpu_s = sum(cpu_s.values())
         elapsed_s = time.monotonic() - started
-        others_cores = (busy_cpu_seconds() - busy_before - fleet_cpu_s
-                        - (_own_cpu_s() - own_before)) / elapsed_s
+        own_cpu_s = _own_cpu_s() - own_before
+        others_cores = (busy_cpu_seconds() - busy_before - fleet_cpu_s - own_cpu_s) / elapsed_s
         if is_extra:
             assert tenants[0].key is not None
             extras = _extras(fleet, settings, tenants[0].key)
@@ -158,22 +191,43 @@ def run_one(spec: ReplicaSpec, settings: Settings, label: str, *, is_extra: bool
     return {"label": label, "num_replicas": spec.num_replicas, "is_shared": spec.is_shared,
             "per_replica": run.per_replica, "fleet_cores": fleet_cpu_s / elapsed_s,
             "others_cores": others_cores,
+            "process_cores": {name: used_s / elapsed_s for name, used_s in cpu_s.items()},
+            "own_cores": own_cpu_s / elapsed_s,
+            "cores": None if plan is None else plan.describe(),
             "fleet": {k: v for k, v in fleet.front.backends.items() if k != "backends"},
             **figures, "extras": extras}
+
+
+def gateway_side_cores(run: Mapping[str, Any]) -> float:
+    """The cores a run used beside the engines: its gateways, Redis, the front and this
+    process (the load generator); the engines too when they were not on a core of their own."""
+    apart = run.get("cores") is not None
+    process_cores: Mapping[str, float] = run["process_cores"]
+    return float(run["own_cores"]) + sum(cores for name, cores in process_cores.items()
+                                         if not (apart and name == "sim"))
 
 
 def run_mode(mode: Mode, settings: Settings, num_kv_blocks: int) -> dict[str, Any]:
     """Every run of one mode, then the ratios to one replica."""
     base = ReplicaSpec(mode, 1, num_workers=settings.num_workers, num_kv_blocks=num_kv_blocks,
-                       speed_factor=settings.speed_factor)
+                       speed_factor=settings.speed_factor, overrides=settings.overrides)
     largest = max(settings.replicas)
     runs: dict[str, dict[str, Any]] = {}
     out: dict[str, Any] = {}
     for num in settings.replicas:
         run = run_one(replace(base, num_replicas=num), settings, str(num),
-                      is_extra=num == largest)
+                      is_extra=settings.is_extras and num == largest)
         out.update(run.pop("extras"))
         runs[str(num)] = run
+    if settings.is_ballast and largest > 1 and "1" in runs:
+        extra = gateway_side_cores(runs[str(largest)]) - gateway_side_cores(runs["1"])
+        if extra > 0.01:
+            label = f"1 + {min(extra, 1.0):.2f} cores"
+            same = run_one(base, settings, label, ballast_cores=min(extra, 1.0))
+            same.update(same.pop("extras"))
+            same["ratio"] = ratios({"same": same, "N": runs[str(largest)]}, base="same")["N"]
+            same["compared"] = str(largest)
+            out["same_cpu"] = same
     if settings.is_repeat and 1 in settings.replicas:
         runs[REPEAT_LABEL] = run_one(base, settings, REPEAT_LABEL)
         runs[REPEAT_LABEL].pop("extras")
@@ -187,6 +241,14 @@ def run_mode(mode: Mode, settings: Settings, num_kv_blocks: int) -> dict[str, An
             if "1" in runs else {}
         out["control"] = control
     return out
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``--set``'s "routing.share_push_ms=5" as ("routing.share_push_ms", 5)."""
+    path, sep, text = item.partition("=")
+    if not sep or not path or any(not name for name in path.split(".")):
+        raise ValueError(f"--set takes PATH=VALUE such as routing.share_push_ms=5, got {item!r}")
+    return path, yaml.safe_load(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -209,6 +271,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="skip the second one-replica run (the noise check)")
     parser.add_argument("--no-control", action="store_true",
                         help="skip the third-party run without shared state")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="leave the simulated engines on the cores everything else uses "
+                             "(default: a core of their own, as engines on GPU hosts have)")
+    parser.add_argument("--no-ballast", action="store_true",
+                        help="skip one replica again with the largest fleet's extra CPU burnt "
+                             "beside it (the same-CPU control)")
+    parser.add_argument("--no-extras", action="store_true",
+                        help="skip convergence, revocation and quota (the TTFT runs alone)")
+    parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                        help="a gateway setting over the bench's, e.g. routing.share_push_ms=5 "
+                             "(YAML value; repeatable)")
     parser.add_argument("--quota-window", type=float, default=30.0, help="seconds")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: replicas 1,2, 10 s runs, 10 s quota window")
@@ -228,12 +301,20 @@ def main(argv: list[str] | None = None) -> int:
     if not replicas or min(replicas) < 1:
         print("--replicas takes counts of at least 1", file=sys.stderr)
         return 2
+    try:
+        overrides = tuple(parse_override(item) for item in args.set)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_path: Path = args.out or Path("bench/results") / f"replicas-{stamp}.json"
     settings = Settings(replicas=replicas, rate_per_s=args.rate, send_s=args.duration,
                         warmup_s=args.warmup, seed=args.seed, kv_fraction=args.kv_fraction,
                         speed_factor=args.speed_factor, is_repeat=not args.no_repeat,
-                        is_control=not args.no_control, quota_window_s=args.quota_window,
+                        is_control=not args.no_control, is_pinned=not args.no_pin,
+                        is_extras=not args.no_extras, is_ballast=not args.no_ballast,
+                        overrides=overrides,
+                        quota_window_s=args.quota_window,
                         workdir=out_path.with_name(out_path.stem + "-fleet"))
     if args.quick:
         settings = replace(settings, replicas=(1, 2), send_s=10.0, warmup_s=2.0, drain_s=10.0,
@@ -255,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine_busy_cores": (busy_cpu_seconds() - busy_before) / elapsed_s,
         "replicas": list(settings.replicas), "rate_per_s": settings.rate_per_s,
         "send_s": settings.send_s, "warmup_s": settings.warmup_s, "seed": settings.seed,
+        "overrides": dict(settings.overrides),
+        "cores": (plan.describe() if settings.is_pinned and (plan := CorePlan.split())
+                  else None),
         "quota": {"rpm": settings.quota_rpm, "tpm": settings.quota_tpm,
                   "window_s": settings.quota_window_s}}
     results["targets"] = verdicts({mode: results[key_of(mode)] for mode in modes})

@@ -46,6 +46,9 @@ class ReplicaSpec:
     num_kv_blocks: int | None = None
     speed_factor: float | None = None
     is_shared: bool = True
+    # Gateway settings set over the bench's (dotted path, value), e.g. ("routing.share_push_ms",
+    # 5): for experiments, recorded with the run.
+    overrides: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.is_shared and self.mode == "own":
@@ -130,7 +133,21 @@ def _settings(spec: ReplicaSpec, worker_urls: list[str]) -> dict[str, Any]:
     settings = gateway_settings(spec.routing_spec, worker_urls)
     if not spec.is_shared:
         settings["state"] = "memory"
+    for path, value in spec.overrides:
+        set_dotted(settings, path, value)
     return settings
+
+
+def set_dotted(settings: dict[str, Any], path: str, value: Any) -> None:
+    """``settings[a][b][c] = value`` for ``path`` "a.b.c", making the mappings on the way."""
+    *parents, last = path.split(".")
+    node = settings
+    for name in parents:
+        child = node.setdefault(name, {})
+        if not isinstance(child, dict):
+            raise ValueError(f"--set {path}: {name} is {child!r}, not a section")
+        node = child
+    node[last] = value
 
 
 @contextmanager

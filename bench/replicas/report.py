@@ -89,12 +89,33 @@ def verdicts_table(targets: list[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def same_cpu_line(same: Mapping[str, Any]) -> str:
+    """The same-CPU control: one replica with the largest fleet's extra CPU burnt beside it."""
+    ttft, ratio = same["ttft_ms"], same["ratio"]
+    burnt = same.get("ballast", {}).get("cores")
+    return (f"Same CPU ({same['label']}: one replica, a ballast burning the cores "
+            f"N={same['compared']} used beside the engines more than N=1 did; it burnt "
+            f"{fmt(burnt, 2)}): TTFT p50 / p90 / p99 {fmt(ttft['p50'])} / {fmt(ttft['p90'])} / "
+            f"{fmt(ttft['p99'])} ms, cached {fmt(same['cached_fraction'], 3)}; N="
+            f"{same['compared']} over it: TTFT p90 {_ratio(ratio.get('ttft_p90_ms'))}, p99 "
+            f"{_ratio(ratio.get('ttft_p99_ms'))}, cached {_ratio(ratio.get('cached_fraction'))}.")
+
+
+def _cores(cores: Mapping[str, Any] | None) -> str:
+    if not cores:
+        return "the simulated engines share every core with the rest"
+    return (f"the simulated engines on core {', '.join(map(str, cores['engines']))}, the "
+            f"gateways, Redis, the front and the load generator on "
+            f"{', '.join(map(str, cores['rest']))}")
+
+
 def document_markdown(results: Mapping[str, Any]) -> str:
     """Every mode's tables, the control run and the verdicts."""
     parts = [f"Replicas measured as one: {results['config']['date']}, "
              f"{results['config']['rate_per_s']} req/s for {results['config']['send_s']:g} s "
              f"(the first {results['config']['warmup_s']:g} s left out), KV "
-             f"{results['kv']['num_kv_blocks']} blocks a worker."]
+             f"{results['kv']['num_kv_blocks']} blocks a worker; "
+             f"{_cores(results['config'].get('cores'))}."]
     for mode in results["modes"]:
         mode_results = results[key_of(mode)]
         parts += [f"\n## {mode}\n", runs_table(mode_results)]
@@ -105,6 +126,8 @@ def document_markdown(results: Mapping[str, Any]) -> str:
                          f"({_ratio(control['ratio']['cached_fraction'])} of N=1), TTFT "
                          f"p90 / p99 {_ratio(control['ratio']['ttft_p90_ms'])} / "
                          f"{_ratio(control['ratio']['ttft_p99_ms'])} of N=1.")
+        if "same_cpu" in mode_results:
+            parts += ["", same_cpu_line(mode_results["same_cpu"])]
         if "quota" in mode_results:
             parts += [f"\nQuota, {mode_results['quota']['num_replicas']} replicas:\n",
                       quota_table(mode_results["quota"])]
