@@ -27,6 +27,13 @@ def redis_url(procs: ProcessGroup, workdir: Path) -> str:
     return start_redis(procs, workdir)
 
 
+@pytest.fixture(scope="module")
+def private_redis_url(procs: ProcessGroup, workdir: Path) -> str:
+    """A redis-server only the module that asks for it uses: its counters see nobody else's
+    commands, and what it does to its server (a password, a killed client) touches nobody."""
+    return start_redis(procs, workdir)
+
+
 @pytest.fixture(scope="session")
 def engines(procs: ProcessGroup) -> list[Engine]:
     return [

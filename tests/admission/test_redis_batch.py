@@ -40,12 +40,6 @@ from gateway.cli.localproc import (
 from tests.admission.held import held_async
 
 
-@pytest.fixture(scope="module")
-def private_redis_url(procs: ProcessGroup, workdir: Path) -> str:
-    """A redis-server only this module uses, so its counters see nobody else's commands."""
-    return start_redis(procs, workdir)
-
-
 @pytest.fixture
 async def redis(private_redis_url: str) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(private_redis_url)

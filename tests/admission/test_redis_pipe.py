@@ -8,7 +8,6 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import hiredis
 import pytest
@@ -18,15 +17,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from admission.quota.lua import OPS_SCRIPT
 from admission.quota.redis_pipe import RespAddress, RespScriptPipe, _pack_command
 from admission.quota.store import QuotaLimits, QuotaStore, ops_keys, quota_keys
-from gateway.cli.localproc import ProcessGroup, start_redis
+from gateway.cli.localproc import ProcessGroup
 from tests.admission.held import held_async
 
 COUNT_OP = (1000, 1000, "replica-x", "H", 1, 0)  # OPS_SCRIPT's header and one count op
-
-
-@pytest.fixture(scope="module")
-def private_redis_url(procs: ProcessGroup, workdir: Path) -> str:
-    return start_redis(procs, workdir)
 
 
 @pytest.fixture

@@ -11,10 +11,24 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from backends.fleet.approx_sync import APPROX_STREAM, ApproxIndexSync, lesson_fields, lesson_of
+from backends.fleet.approx_sync import (
+    APPROX_STREAM,
+    ApproxIndexSync,
+    lesson_fields,
+    lesson_of,
+    stream_replies,
+    xadd_command,
+)
 from backends.publisher import pack_hashes, unpack_hashes
 from routing.index_approx import ApproxPrefixIndex
 from routing.prefix import char_block_hashes
+
+
+@pytest.fixture(params=[True, False], ids=["plain-resp", "redis-py"])
+def plain_resp(request: pytest.FixtureRequest) -> bool:
+    """Whether the replicas' loops use their own plain connections (``backends.resp``) or
+    redis-py's client."""
+    return bool(request.param)
 
 
 async def _until(predicate: object, timeout_s: float = 3.0) -> bool:
@@ -27,13 +41,14 @@ async def _until(predicate: object, timeout_s: float = 3.0) -> bool:
 
 
 @asynccontextmanager
-async def _two_replicas(redis: aioredis.Redis, **options: Any
+async def _two_replicas(redis: aioredis.Redis, plain_resp: bool, **options: Any
                         ) -> AsyncIterator[list[tuple[ApproxPrefixIndex, ApproxIndexSync]]]:
     """Replicas gw-1 and gw-2, caught up and running until the block ends (then cancelled)."""
     replicas, tasks = [], []
     for name in ("gw-1", "gw-2"):
         index = ApproxPrefixIndex(ttl_s=60)
-        sync = ApproxIndexSync(redis, index, name, ttl_s=60, **options)
+        sync = ApproxIndexSync(redis, index, name, ttl_s=60, is_plain_resp=plain_resp,
+                               **options)
         await sync.catch_up()
         replicas.append((index, sync))
         tasks.append(asyncio.create_task(sync.run()))
@@ -48,12 +63,12 @@ async def _two_replicas(redis: aioredis.Redis, **options: Any
 
 
 async def test_two_replicas_converge_and_a_late_one_catches_up(
-        approx_redis: aioredis.Redis) -> None:
+        approx_redis: aioredis.Redis, plain_resp: bool) -> None:
     text_a = "system prompt of tenant A " * 20
     text_b = "system prompt of tenant B " * 20
     chain_a = tuple(char_block_hashes(text_a, 64, "m"))
     chain_b = tuple(char_block_hashes(text_b, 64, "m"))
-    async with _two_replicas(approx_redis, flush_interval_s=0.02) as replicas:
+    async with _two_replicas(approx_redis, plain_resp, flush_interval_s=0.02) as replicas:
         (index_1, sync_1), (index_2, sync_2) = replicas
         now_s = time.time()
         index_1.record(chain_a, "w0", now_s)
@@ -103,12 +118,13 @@ async def test_a_decision_just_sent_is_not_sent_again(approx_redis: aioredis.Red
 
 
 async def test_an_entry_added_while_the_catch_up_reply_travelled_is_read(
-        approx_redis: aioredis.Redis) -> None:
+        approx_redis: aioredis.Redis, plain_resp: bool) -> None:
     """The stream was empty when the catch-up read it; another replica's entry landed, stamped
     by Redis's clock, before the reply reached this replica: the read that follows still gets it."""
     chain = tuple(char_block_hashes("a prompt sent just then " * 10, 64, "m"))
     index = ApproxPrefixIndex(ttl_s=60)
-    sync = ApproxIndexSync(approx_redis, index, "gw-1", ttl_s=60, flush_interval_s=0.02)
+    sync = ApproxIndexSync(approx_redis, index, "gw-1", ttl_s=60, flush_interval_s=0.02,
+                           is_plain_resp=plain_resp)
     await sync.catch_up()  # nothing in the stream
     landed_ms = int(time.time() * 1000) - 50  # 50 ms before this replica's "now"
     await approx_redis.xadd(APPROX_STREAM, {"r": "gw-2", "b": "w5", "t": f"{time.time():.3f}",
@@ -124,11 +140,11 @@ async def test_an_entry_added_while_the_catch_up_reply_travelled_is_read(
 
 
 async def test_a_writer_of_its_own_sends_while_every_read_blocks(
-        approx_redis: aioredis.Redis) -> None:
+        approx_redis: aioredis.Redis, plain_resp: bool) -> None:
     """With ``push_interval_s``, a decision goes out within that long although both replicas'
     XREADs block for 5 s (nothing else is added)."""
     chain = tuple(char_block_hashes("system prompt of tenant C " * 20, 64, "m"))
-    async with _two_replicas(approx_redis, flush_interval_s=5.0,
+    async with _two_replicas(approx_redis, plain_resp, flush_interval_s=5.0,
                              push_interval_s=0.005) as replicas:
         (_, sync_1), (index_2, _) = replicas
         await asyncio.sleep(0.1)  # both XREADs are blocking now
@@ -138,11 +154,11 @@ async def test_a_writer_of_its_own_sends_while_every_read_blocks(
 
 
 async def test_what_a_response_taught_one_replica_reaches_the_others(
-        approx_redis: aioredis.Redis) -> None:
+        approx_redis: aioredis.Redis, plain_resp: bool) -> None:
     """A miss on a 5 s old claim shortens w0's claim lifetime on the replica that saw it; the
     lesson goes out through the stream and the other replica shortens w0's too (its own
     responses never touched w0), and so does a replica that starts later, catching up."""
-    async with _two_replicas(approx_redis, flush_interval_s=0.02) as replicas:
+    async with _two_replicas(approx_redis, plain_resp, flush_interval_s=0.02) as replicas:
         (index_1, sync_1), (index_2, _) = replicas
         assert index_1.observe("w0", claim_age_s=5.0, is_hit=False)  # the router's learn()
         sync_1.lesson("w0", 5.0, False)  # its on_lesson hook
@@ -167,8 +183,8 @@ def test_lesson_entries_round_trip_and_malformed_ones_teach_nothing() -> None:
 
 
 async def test_a_malformed_lesson_is_skipped_and_the_reader_goes_on(
-        approx_redis: aioredis.Redis) -> None:
-    async with _two_replicas(approx_redis, flush_interval_s=0.02) as replicas:
+        approx_redis: aioredis.Redis, plain_resp: bool) -> None:
+    async with _two_replicas(approx_redis, plain_resp, flush_interval_s=0.02) as replicas:
         (_, _), (index_2, _) = replicas
         await approx_redis.xadd(APPROX_STREAM, {"r": "gw-9", "b": "w0", "o": "miss", "a": "x"})
         await approx_redis.xadd(APPROX_STREAM, {"r": "gw-9", "b": "w1", "o": "miss", "a": "4"})
@@ -183,3 +199,33 @@ def test_a_lesson_reads_as_a_claim_on_nothing_to_an_earlier_version() -> None:
               for k, v in lesson_fields("gw-1", ("w0", 5.0, False)).items()}
     assert fields[b"b"] == b"w0" and float(fields[b"t"]) > 0
     assert list(unpack_hashes(fields[b"h"])) == []
+
+
+async def test_malformed_claims_are_skipped_and_the_reader_goes_on(
+        approx_redis: aioredis.Redis, plain_resp: bool) -> None:
+    """Entries no version wrote (a claim without a backend, a time that is no number, hashes
+    that are not whole uint64s, no fields the reader knows) are counted and skipped; the claim
+    after them is merged."""
+    chain = tuple(char_block_hashes("a claim after the junk " * 10, 64, "m"))
+    async with _two_replicas(approx_redis, plain_resp, flush_interval_s=0.02) as replicas:
+        (_, _), (index_2, sync_2) = replicas
+        for junk in ({"r": "gw-9", "t": "1.0", "h": b""}, {"r": "gw-9", "b": "w0", "t": "soon",
+                                                          "h": b""},
+                     {"r": "gw-9", "b": "w0", "t": "1.0", "h": b"\x01\x02\x03"},
+                     {"x": "y"}):
+            await approx_redis.xadd(APPROX_STREAM, junk)  # type: ignore[arg-type]
+        await approx_redis.xadd(APPROX_STREAM, {"r": "gw-9", "b": "w2", "t": f"{time.time():.3f}",
+                                                "h": pack_hashes(chain)})
+        assert await _until(lambda: index_2.match(chain, time.time()).num_blocks.get("w2")
+                            == len(chain))
+        assert sync_2.num_malformed == 4
+
+
+def test_an_xread_reply_as_resp2_sends_it_reads_as_redis_py_gives_it() -> None:
+    raw = [[b"sy:approx", [[b"1-0", [b"r", b"gw-1", b"b", b"w0"]], [b"2-0", None],
+                           [b"3-0", [b"r", b"gw-2"]]]]]
+    assert stream_replies(raw) == [(b"sy:approx", [(b"1-0", {b"r": b"gw-1", b"b": b"w0"}),
+                                                   (b"3-0", {b"r": b"gw-2"})])]
+    assert stream_replies(None) == []
+    assert xadd_command({"r": "gw-1", "h": b"\x00"}, 100) == [
+        "XADD", APPROX_STREAM, "MAXLEN", "~", 100, "*", "r", "gw-1", "h", b"\x00"]
