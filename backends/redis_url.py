@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -46,6 +47,15 @@ REDIS_PORT = 6379
 # it reaches no node at all (``RedisClusterUnreachableError`` is not a ``RedisError``). A
 # timeout is an ``OSError``.
 REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, RedisClusterException, OSError)
+
+
+def raise_if_cancelled() -> None:
+    """In a loop that outlives Redis errors: end it when its task was cancelled. redis-py may
+    turn a cancellation that lands inside a command into a connection error, which such a loop
+    would otherwise log and retry forever (a shutdown waiting on it would never end)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 class RedisUrlError(ValueError):

@@ -44,7 +44,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["RespAddress", "RespConnection", "pack_command"]
+__all__ = ["RespAddress", "RespConnection", "pack_command", "stream_entries"]
 
 Arg = str | int | float | bytes
 
@@ -87,6 +87,17 @@ def pack_command(parts: Sequence[Arg]) -> bytes:
             data = repr(part).encode() if isinstance(part, float) else b"%d" % part
         out.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(out)
+
+
+def stream_entries(reply: Any) -> list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]:
+    """An ``XREAD`` reply as RESP2 sends it (a null, or [[stream, [[id, [field, value, ...]],
+    ...]], ...]) in redis-py's shape: [(stream, [(id, {field: value}), ...]), ...]. An entry
+    without fields (deleted since) is left out."""
+    if not reply:
+        return []
+    return [(stream, [(entry_id, dict(zip(flat[::2], flat[1::2], strict=False)))
+                      for entry_id, flat in entries if flat])
+            for stream, entries in reply]
 
 
 class RespConnection:

@@ -49,8 +49,8 @@ import redis.asyncio as aioredis
 
 from backends.fleet.peer_load import PeerLoad, load_of
 from backends.publisher import pack_hashes, unpack_hashes
-from backends.redis_url import REDIS_ERRORS
-from backends.resp import Arg, RespAddress, RespConnection
+from backends.redis_url import REDIS_ERRORS, raise_if_cancelled
+from backends.resp import Arg, RespAddress, RespConnection, stream_entries
 from routing.index_approx import MIN_TTL_S, ApproxPrefixIndex
 
 log = logging.getLogger(__name__)
@@ -97,16 +97,6 @@ def xadd_command(fields: Mapping[Any, Any], maxlen: int) -> list[Arg]:
     for key, value in fields.items():
         command += (key, value)
     return command
-
-
-def stream_replies(reply: Any) -> list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]:
-    """An ``XREAD`` reply as RESP2 sends it (a null, or [[stream, [[id, [field, value,
-    ...]], ...]], ...]) in redis-py's shape: [(stream, [(id, {field: value}), ...]), ...]."""
-    if not reply:
-        return []
-    return [(stream, [(entry_id, dict(zip(flat[::2], flat[1::2], strict=False)))
-                      for entry_id, flat in entries if flat])
-            for stream, entries in reply]
 
 
 class ApproxIndexSync:
@@ -273,6 +263,7 @@ class ApproxIndexSync:
             try:
                 await self.flush()
             except REDIS_ERRORS as exc:
+                raise_if_cancelled()
                 log.warning("approximate index sync: %s", exc)
                 await asyncio.sleep(1.0)
                 continue
@@ -287,7 +278,7 @@ class ApproxIndexSync:
                     await self.flush()
                 replies: Any
                 if reader is not None:
-                    replies = stream_replies(await reader.call(
+                    replies = stream_entries(await reader.call(
                         ("XREAD", "COUNT", 10_000, "BLOCK", block_ms, "STREAMS", APPROX_STREAM,
                          self._last_id), timeout_s=block_ms / 1000 + RESP_TIMEOUT_S))
                 else:
@@ -300,6 +291,7 @@ class ApproxIndexSync:
                 if self._peers is not None:
                     self._peers.apply()
             except REDIS_ERRORS as exc:
+                raise_if_cancelled()
                 log.warning("approximate index sync: %s", exc)
                 await asyncio.sleep(1.0)
 

@@ -55,6 +55,7 @@ class Ballast:
         self.target = cores
         self.max_s = max_s
         self.cores: float | None = None
+        self.cpu_s = 0.0  # CPU seconds it used
         self._child: subprocess.Popen[bytes] | None = None
         self._started = (0.0, 0.0)
 
@@ -71,7 +72,8 @@ class Ballast:
         assert child is not None
         if child.poll() is None:
             elapsed_s = time.monotonic() - self._started[0]
-            self.cores = (cpu_seconds(child.pid) - self._started[1]) / max(elapsed_s, 1e-9)
+            self.cpu_s = cpu_seconds(child.pid) - self._started[1]
+            self.cores = self.cpu_s / max(elapsed_s, 1e-9)
             child.kill()
         child.wait()
 

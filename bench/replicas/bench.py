@@ -165,17 +165,20 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         tenants = _tenants(fleet, settings)
         specs = WORKLOADS["shared-prefix"](settings.options, tenants, settings.seed)
+        ballast_cpu_s = 0.0
         if ballast_cores > 0:
             with Ballast(ballast_cores, max_s=load.send_s + load.drain_s + 60) as ballast:
                 run = drive_front(fleet, specs, load)
             extras["ballast"] = {"target_cores": ballast_cores, "cores": ballast.cores}
+            ballast_cpu_s = ballast.cpu_s
         else:
             run = drive_front(fleet, specs, load)
         cpu_s = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
         fleet_cpu_s = sum(cpu_s.values())
         elapsed_s = time.monotonic() - started
         own_cpu_s = _own_cpu_s() - own_before
-        others_cores = (busy_cpu_seconds() - busy_before - fleet_cpu_s - own_cpu_s) / elapsed_s
+        others_cores = (busy_cpu_seconds() - busy_before - fleet_cpu_s - own_cpu_s
+                        - ballast_cpu_s) / elapsed_s
         if is_extra:
             assert tenants[0].key is not None
             extras = _extras(fleet, settings, tenants[0].key)

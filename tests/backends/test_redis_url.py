@@ -1,14 +1,20 @@
-"""The Redis URL forms: plain, Sentinel and Cluster, and the errors that say what to change."""
+"""The Redis URL forms: plain, Sentinel and Cluster, and the errors that say what to change;
+the loops that outlive Redis errors end when cancelled."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from backends.redis_url import (
+    REDIS_ERRORS,
     RedisUrlError,
     cluster_parts,
     is_cluster,
+    raise_if_cancelled,
     redis_from_url,
     sentinel_parts,
 )
@@ -55,3 +61,32 @@ async def test_the_client_of_each_form() -> None:
     finally:
         await cluster.aclose()
         await plain.aclose()
+
+
+async def test_a_loop_that_outlives_redis_errors_still_ends_when_cancelled() -> None:
+    """redis-py may turn a cancellation inside a command into a connection error; the loops
+    that log and retry Redis errors end all the same."""
+    attempts = 0
+
+    async def command() -> None:  # as redis-py does when cancelled mid-command
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            raise RedisConnectionError("Connection closed by server.") from None
+
+    async def loop() -> None:
+        nonlocal attempts
+        while True:
+            attempts += 1
+            try:
+                await command()
+            except REDIS_ERRORS:
+                raise_if_cancelled()
+
+    task = asyncio.create_task(loop())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 2)
+    assert attempts == 1
+    raise_if_cancelled()  # this task was not cancelled: nothing raised

@@ -15,6 +15,7 @@ def test_a_ballast_burns_about_what_it_was_asked_and_stops() -> None:
     assert ballast.cores is not None
     # Loose bounds: a loaded machine may give it less than asked; it never takes a whole core.
     assert 0.1 < ballast.cores < 0.6
+    assert ballast.cpu_s == pytest.approx(ballast.cores * 1.5, rel=0.2)
     child = ballast._child
     assert child is not None and child.returncode is not None
 

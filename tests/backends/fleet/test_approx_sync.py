@@ -16,10 +16,10 @@ from backends.fleet.approx_sync import (
     ApproxIndexSync,
     lesson_fields,
     lesson_of,
-    stream_replies,
     xadd_command,
 )
 from backends.publisher import pack_hashes, unpack_hashes
+from backends.resp import stream_entries
 from routing.index_approx import ApproxPrefixIndex
 from routing.prefix import char_block_hashes
 
@@ -224,8 +224,8 @@ async def test_malformed_claims_are_skipped_and_the_reader_goes_on(
 def test_an_xread_reply_as_resp2_sends_it_reads_as_redis_py_gives_it() -> None:
     raw = [[b"sy:approx", [[b"1-0", [b"r", b"gw-1", b"b", b"w0"]], [b"2-0", None],
                            [b"3-0", [b"r", b"gw-2"]]]]]
-    assert stream_replies(raw) == [(b"sy:approx", [(b"1-0", {b"r": b"gw-1", b"b": b"w0"}),
+    assert stream_entries(raw) == [(b"sy:approx", [(b"1-0", {b"r": b"gw-1", b"b": b"w0"}),
                                                    (b"3-0", {b"r": b"gw-2"})])]
-    assert stream_replies(None) == []
+    assert stream_entries(None) == []
     assert xadd_command({"r": "gw-1", "h": b"\x00"}, 100) == [
         "XADD", APPROX_STREAM, "MAXLEN", "~", 100, "*", "r", "gw-1", "h", b"\x00"]
