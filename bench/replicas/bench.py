@@ -13,12 +13,17 @@ the run before). Its cached-token share and TTFT p90 / p99 are set over the one-
 Third-party mode also runs N = max with each replica keeping its state in memory
 (``control``: nothing shared), the gap sharing closes.
 
+The simulated engines run on a core of their own (``bench.common.pinning``; ``--no-pin``), as
+engines on GPU hosts would, and after the largest N one replica runs again with a ballast
+burning the extra cores that N's gateway side used (``bench.common.ballast``; the same-CPU
+control, ``--no-ballast``): what is left of N's gap over it is not the replicas' CPU.
+
 On the largest-N fleet of each mode, after its run: approximate-index convergence after a
 replica restarts (`bench.replicas.convergence`), revocation latency (`bench.replicas.revocation`),
 then quota accuracy (`bench.replicas.quota`: one tenant at its requests-per-minute limit, one at
 its tokens-per-minute limit, through the front). Run it under the shared lock::
 
-    flock /tmp/switchyard-bench.lock .venv/bin/python -m bench.replicas      # ~10 minutes
+    flock /tmp/switchyard-bench.lock .venv/bin/python -m bench.replicas      # ~13 minutes
     .venv/bin/python -m bench.replicas --mode third-party --replicas 1,2 --duration 20
     .venv/bin/python -m bench.replicas --quick                               # smoke, ~2 min
 
