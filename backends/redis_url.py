@@ -51,8 +51,10 @@ REDIS_ERRORS: tuple[type[Exception], ...] = (RedisError, RedisClusterException, 
 
 def raise_if_cancelled() -> None:
     """In a loop that outlives Redis errors: end it when its task was cancelled. redis-py may
-    turn a cancellation that lands inside a command into a connection error, which such a loop
-    would otherwise log and retry forever (a shutdown waiting on it would never end)."""
+    turn a cancellation that lands inside a command into a connection error, or swallow it and
+    retry the command, and such a loop would otherwise go on for ever (a shutdown waiting on it
+    would never end): call it where the loop catches Redis errors and at the top of each
+    round."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError

@@ -23,8 +23,7 @@ Example::
 
     address = RespAddress.of(redis_client)          # None: use redis_client itself
     conn = RespConnection(address, timeout_s=2.0)
-    reply = await conn.call(("XREAD", "COUNT", 100, "BLOCK", 100, "STREAMS", "s", "$"),
-                            timeout_s=2.1)
+    entries = await conn.xread({"s": "$"}, count=100, block_ms=100)  # waits 100 ms + 2 s
     ids = await conn.pipeline([("XADD", "s", "*", "f", "v")] * 3)
     await conn.aclose()
 """
@@ -33,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +46,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 __all__ = ["RespAddress", "RespConnection", "pack_command", "stream_entries"]
 
 Arg = str | int | float | bytes
+RESP_TIMEOUT_S = 2.0  # a hot loop's wait for an answer (beyond a blocking read's own block)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +121,15 @@ class RespConnection:
         """One command's reply."""
         (reply,) = await self.pipeline([command], timeout_s=timeout_s)
         return reply
+
+    async def xread(self, streams: Mapping[Arg, Arg], *, count: int, block_ms: int
+                    ) -> list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]:
+        """A blocking ``XREAD`` of ``streams`` (stream -> the id to read after), in redis-py's
+        shape (``stream_entries``); its answer may take its block and ``timeout_s`` more."""
+        reply = await self.call(("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS",
+                                 *streams, *streams.values()),
+                                timeout_s=block_ms / 1000 + self._timeout_s)
+        return stream_entries(reply)
 
     async def pipeline(self, commands: Sequence[Sequence[Arg]], *,
                        timeout_s: float | None = None) -> list[Any]:

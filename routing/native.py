@@ -64,6 +64,10 @@ MODULES = (
     "backends.fleet.deadlines", "backends.fleet.http1", "backends.fleet.upstream",
     "backends.fleet.registry",
     "gateway.apis", "gateway.relay", "gateway.front", "gateway.proxy",
+    # What every replica does per entry of the shared stream (sy:approx): the plain RESP
+    # connection, the claims and the peers' load (docs/benchmarks/replicas.md).
+    "backends.resp", "backends.publisher", "backends.fleet.peer_load",
+    "backends.fleet.approx_sync",
 )
 # What mypyc compiles otherwise than Python runs it: ``_mypyc_pitfalls`` in
 # tests/routing/test_native.py, which checks every module here for it. (A ``__setattr__`` is

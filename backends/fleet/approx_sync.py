@@ -50,7 +50,7 @@ import redis.asyncio as aioredis
 from backends.fleet.peer_load import PeerLoad, load_of
 from backends.publisher import pack_hashes, unpack_hashes
 from backends.redis_url import REDIS_ERRORS, raise_if_cancelled
-from backends.resp import Arg, RespAddress, RespConnection, stream_entries
+from backends.resp import RESP_TIMEOUT_S, Arg, RespAddress, RespConnection
 from routing.index_approx import MIN_TTL_S, ApproxPrefixIndex
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,8 @@ log = logging.getLogger(__name__)
 APPROX_STREAM = "sy:approx"
 MAX_REMEMBERED = 65_536  # (prefix, backend) pairs whose last send is remembered
 Lesson = tuple[str, float, bool]  # (backend, claim age in seconds, hit): ApproxPrefixIndex.observe
-RESP_TIMEOUT_S = 2.0  # a plain connection's answer, beyond an XREAD's own block
+FLUSH_INTERVAL_S = 0.1  # the batching interval without a writer task, and the XREAD's block
+PUSH_INTERVAL_S: float | None = 0.001  # the writer task's wait after a flush (None: no writer)
 
 
 def lesson_fields(replica_id: str, lesson: Lesson) -> dict[Any, Any]:
@@ -107,11 +108,11 @@ class ApproxIndexSync:
         replica_id: str,
         *,
         ttl_s: float,
-        flush_interval_s: float = 0.1,
+        flush_interval_s: float = FLUSH_INTERVAL_S,
         stream_maxlen: int = 200_000,
         republish_s: float = MIN_TTL_S / 4,
         peers: PeerLoad | None = None,
-        push_interval_s: float | None = 0.001,
+        push_interval_s: float | None = PUSH_INTERVAL_S,
         is_plain_resp: bool = True,
     ) -> None:
         self._redis = redis
@@ -165,6 +166,12 @@ class ApproxIndexSync:
         blocks."""
         self._lessons.append((backend, claim_age_s, is_hit))
         self._changed.set()
+
+    def take_pending(self) -> list[tuple[tuple[int, ...], str, float]]:
+        """The decisions queued since the last flush, handed over (the next flush sends none
+        of them): the virtual-time simulator's way to send them (``bench.vsim.approx_share``)."""
+        pending, self._pending = self._pending, []
+        return pending
 
     def take_lessons(self) -> list[Lesson]:
         """The lessons queued since the last flush, handed over (the next flush sends none)."""
@@ -254,6 +261,7 @@ class ApproxIndexSync:
         fewer, fuller pipelines cost it and Redis less."""
         assert self._push_interval_s is not None
         while True:
+            raise_if_cancelled()
             if self._peers is not None and not self._peers.num_peers:
                 await asyncio.sleep(self._flush_interval_s)
             else:
@@ -273,14 +281,14 @@ class ApproxIndexSync:
     async def _read_loop(self, reader: RespConnection | None, *, flush: bool) -> None:
         block_ms = int(self._flush_interval_s * 1000)
         while True:
+            raise_if_cancelled()
             try:
                 if flush:
                     await self.flush()
                 replies: Any
                 if reader is not None:
-                    replies = stream_entries(await reader.call(
-                        ("XREAD", "COUNT", 10_000, "BLOCK", block_ms, "STREAMS", APPROX_STREAM,
-                         self._last_id), timeout_s=block_ms / 1000 + RESP_TIMEOUT_S))
+                    replies = await reader.xread({APPROX_STREAM: self._last_id}, count=10_000,
+                                                 block_ms=block_ms)
                 else:
                     replies = await self._redis.xread({APPROX_STREAM: self._last_id},
                                                       count=10_000, block=block_ms)

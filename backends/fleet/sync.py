@@ -62,7 +62,7 @@ from backends.publisher import (
     worker_key,
 )
 from backends.redis_url import REDIS_ERRORS, is_cluster, raise_if_cancelled
-from backends.resp import RespAddress, RespConnection, stream_entries
+from backends.resp import RESP_TIMEOUT_S, RespAddress, RespConnection
 from routing.index_exact import ExactPrefixIndex
 from routing.types import BackendProfile
 
@@ -90,7 +90,6 @@ RESTART_GRACE_S = 5.0  # a heartbeat's TTL: every live worker has beaten again b
 CLUSTER_KV_POLL_S = 0.05  # on a Redis Cluster, the pause between polls of the KV streams
 KV_READ_COUNT = 1000  # entries read from a stream at a time
 KV_BLOCK_MS = 200  # a blocking read of the KV streams returns empty after this long
-KV_RESP_TIMEOUT_S = 2.0  # a plain connection's answer, beyond a read's own block
 
 def parse_engine_metrics(text: str) -> dict[str, float]:
     """Running, waiting and KV usage from a vLLM or SGLang ``/metrics`` page, summed; a figure
@@ -163,6 +162,7 @@ class FleetSync:
 
     async def _forever(self, step: Any, interval_s: float) -> None:
         while True:
+            raise_if_cancelled()
             try:
                 await step()
             except REDIS_ERRORS as exc:
@@ -360,9 +360,10 @@ class FleetSync:
             return  # no Redis: no KV-event streams
         address = (RespAddress.of(self._redis)
                    if self._is_plain_resp and not is_cluster(self._redis) else None)
-        conn = None if address is None else RespConnection(address, timeout_s=KV_RESP_TIMEOUT_S)
+        conn = None if address is None else RespConnection(address, timeout_s=RESP_TIMEOUT_S)
         try:
             while True:
+                raise_if_cancelled()
                 try:
                     await self._consume_once(conn)
                 except REDIS_ERRORS as exc:
@@ -394,9 +395,7 @@ class FleetSync:
         if is_cluster(redis):
             replies = await self._xread_each(redis, streams)
         elif conn is not None:
-            replies = stream_entries(await conn.call(
-                ("XREAD", "COUNT", KV_READ_COUNT, "BLOCK", KV_BLOCK_MS, "STREAMS", *streams,
-                 *streams.values()), timeout_s=KV_BLOCK_MS / 1000 + KV_RESP_TIMEOUT_S))
+            replies = await conn.xread(streams, count=KV_READ_COUNT, block_ms=KV_BLOCK_MS)
         else:
             replies = await redis.xread(dict(streams), count=KV_READ_COUNT, block=KV_BLOCK_MS)
         for stream, entries in replies or []:

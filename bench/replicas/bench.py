@@ -58,8 +58,8 @@ from bench.replicas.fleet import ReplicaFleet, ReplicaSpec, replica_fleet
 from bench.replicas.quota import measure_quota, overload_rate_per_s
 from bench.replicas.report import document_markdown
 from bench.replicas.revocation import measure_revocation
-from bench.routing.drive import Load, make_tenants
-from bench.routing.figures import run_figures
+from bench.routing.drive import DriveResult, Load, make_tenants
+from bench.routing.figures import ideal_per_request, run_figures
 from bench.routing.live import KV_FRACTION, kv_blocks_for
 from bench.routing.workloads import system_prompts, working_set_blocks
 from bench.run.spec import TenantSpec
@@ -206,7 +206,15 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
             "own_cores": own_cpu_s / elapsed_s,
             "cores": None if plan is None else plan.describe(),
             "fleet": {k: v for k, v in fleet.front.backends.items() if k != "backends"},
-            **figures, "extras": extras}
+            **figures, "extras": extras, "records": request_records(result)}
+
+
+def request_records(result: DriveResult) -> list[dict[str, Any]]:
+    """Every request's record, with the cached tokens an ideal router would have given it
+    (``bench.replicas.pool`` pools the runs of several invocations from them)."""
+    ideal = ideal_per_request(result.records, result.messages)
+    return [record.to_json() | {"ideal_cached_tokens": ideal.get(record.index)}
+            for record in result.records]
 
 
 def gateway_side_cores(run: Mapping[str, Any]) -> float:

@@ -55,20 +55,15 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from inspect import signature
 from typing import cast
 
 import redis.asyncio as aioredis
 
-from backends.fleet.approx_sync import ApproxIndexSync, Lesson
+from backends.fleet.approx_sync import FLUSH_INTERVAL_S, ApproxIndexSync, Lesson
 from backends.fleet.peer_load import PeerLoad, load_of, peer_counts
 from backends.fleet.registry import Backend
 from routing.index_approx import ApproxPrefixIndex
 
-# ApproxIndexSync's batching interval, which is also its XREAD's block time.
-FLUSH_INTERVAL_S: float = signature(ApproxIndexSync).parameters["flush_interval_s"].default
-# Its writer task's cap (None: no writer; the read loop flushes).
-PUSH_INTERVAL_S: float | None = signature(ApproxIndexSync).parameters["push_interval_s"].default
 Claim = tuple[tuple[int, ...], str, float]  # (character-block chain, backend, recorded_s)
 
 
@@ -77,16 +72,11 @@ def no_clock() -> float:
     raise RuntimeError("in virtual time, pass now_s")
 
 
-class _Sync(ApproxIndexSync):
-    """``ApproxIndexSync`` without Redis: ``record`` as live, ``take`` hands over what its next
-    ``flush`` would send."""
-
-    def __init__(self, index: ApproxPrefixIndex, replica_id: str, ttl_s: float) -> None:
-        super().__init__(cast(aioredis.Redis, None), index, replica_id, ttl_s=ttl_s)
-
-    def take(self) -> list[Claim]:
-        pending, self._pending = self._pending, []
-        return pending
+def _sync(index: ApproxPrefixIndex, replica_id: str, ttl_s: float) -> ApproxIndexSync:
+    """``ApproxIndexSync`` without Redis: ``record`` as live, ``take_pending`` hands over what
+    its next ``flush`` would send."""
+    return ApproxIndexSync(cast(aioredis.Redis, None), index, replica_id, ttl_s=ttl_s,
+                           is_plain_resp=False)
 
 
 class ApproxShare:
@@ -111,7 +101,7 @@ class ApproxShare:
         self.peers = None if peers is None else list(peers)
         self._peer_changed = peer_changed
         self.indexes = list(indexes)
-        self.syncs = [_Sync(index, f"r{i}", ttl_s) for i, index in enumerate(self.indexes)]
+        self.syncs = [_sync(index, f"r{i}", ttl_s) for i, index in enumerate(self.indexes)]
         self.flush_interval_s = flush_interval_s
         self.rtt_s = rtt_s
         self._push = push
@@ -151,7 +141,7 @@ class ApproxShare:
 
         def record_at_once(char_hashes: tuple[int, ...], backend: str, recorded_s: float) -> None:
             sync.record(char_hashes, backend, recorded_s)
-            claims = sync.take()
+            claims = sync.take_pending()
             self.num_claims_sent += len(claims)
             for other in range(len(self.indexes)):
                 if other != replica and claims:
@@ -219,7 +209,7 @@ class ApproxShare:
         """``ApproxIndexSync.flush`` at ``now_s``: False when it had nothing to send."""
         half_s = self.rtt_s / 2
         peers = None if self.peers is None else self.peers[replica]
-        pending = self.syncs[replica].take()
+        pending = self.syncs[replica].take_pending()
         lessons = self.syncs[replica].take_lessons()
         entry = None if peers is None else peers.entry(now_s)
         load = None if entry is None else load_of(entry)

@@ -36,10 +36,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from backends.fleet.approx_sync import FLUSH_INTERVAL_S, PUSH_INTERVAL_S
 from backends.sim.profile import WorkerProfile
 from bench.common.fleet_modes import MODE_CHOICES, Mode, key_of, parse_modes
 from bench.run.workloads.base import TokenRange, WorkloadOptions
-from bench.vsim.approx_share import FLUSH_INTERVAL_S, PUSH_INTERVAL_S
 from bench.vsim.metrics import RunResult
 from bench.vsim.modes import (
     comparison,

@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from backends.fleet.approx_sync import FLUSH_INTERVAL_S, PUSH_INTERVAL_S
 from backends.sim.profile import WorkerProfile
 from bench.common.fleet_modes import Mode
-from bench.vsim.approx_share import FLUSH_INTERVAL_S, PUSH_INTERVAL_S
 from bench.vsim.profiles import MODEL
 
 

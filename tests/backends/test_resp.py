@@ -81,6 +81,19 @@ async def test_a_blocking_read_is_woken_by_an_add(redis: aioredis.Redis) -> None
     await conn.aclose()
 
 
+async def test_xread_reads_several_streams_in_redis_py_shape_and_waits_past_its_block(
+        redis: aioredis.Redis) -> None:
+    conn = _conn(redis, timeout_s=0.3)
+    first = await redis.xadd("a", {"k": "1"})
+    read = asyncio.create_task(conn.xread({"a": "0", "b": "$"}, count=10, block_ms=500))
+    assert await asyncio.wait_for(read, 2) == [(b"a", [(first, {b"k": b"1"})])]
+    # Nothing to read: the answer comes after the 600 ms block (Redis may be 100 ms late),
+    # past the 300 ms timeout, and that is no timeout (the block is added to it).
+    assert await conn.xread({"a": first}, count=10, block_ms=600) == []
+    assert conn.num_connects == 1
+    await conn.aclose()
+
+
 async def test_a_late_answer_closes_the_connection_and_the_next_call_reconnects(
         redis: aioredis.Redis) -> None:
     conn = _conn(redis)
