@@ -40,7 +40,7 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -58,11 +58,11 @@ from bench.replicas.fleet import ReplicaFleet, ReplicaSpec, replica_fleet
 from bench.replicas.quota import measure_quota, overload_rate_per_s
 from bench.replicas.report import document_markdown
 from bench.replicas.revocation import measure_revocation
-from bench.routing.drive import DriveResult, Load, make_tenants
+from bench.routing.drive import Load, make_tenants
 from bench.routing.figures import ideal_per_request, run_figures
 from bench.routing.live import KV_FRACTION, kv_blocks_for
 from bench.routing.workloads import system_prompts, working_set_blocks
-from bench.run.spec import TenantSpec
+from bench.run.spec import Record, TenantSpec
 from bench.run.workloads import WORKLOADS, WorkloadOptions
 
 REPEAT_LABEL = "1 again"
@@ -191,9 +191,11 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
             assert tenants[0].key is not None
             extras = _extras(fleet, settings, tenants[0].key)
     result = run.result
+    ideal = ideal_per_request(result.records, result.messages)
     figures = run_figures(result.records, result.messages, result.counters, result.window_s,
                           sorted(fleet.front.worker_urls), result.routed,
-                          speed_factor=settings.speed_factor or 1.0, warmup_s=settings.warmup_s)
+                          speed_factor=settings.speed_factor or 1.0, warmup_s=settings.warmup_s,
+                          ideal_tokens=ideal)
     ttft = figures["ttft_ms"]
     print(f"  {spec.mode:11} N={label:8} ok {figures['num_ok']:5} ttft p90/p99 "
           f"{ttft['p90'] or math.nan:6.0f}/{ttft['p99'] or math.nan:6.0f} ms  cached "
@@ -206,15 +208,15 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
             "own_cores": own_cpu_s / elapsed_s,
             "cores": None if plan is None else plan.describe(),
             "fleet": {k: v for k, v in fleet.front.backends.items() if k != "backends"},
-            **figures, "extras": extras, "records": request_records(result)}
+            **figures, "extras": extras, "records": request_records(result.records, ideal)}
 
 
-def request_records(result: DriveResult) -> list[dict[str, Any]]:
+def request_records(records: Sequence[Record], ideal: Mapping[int, int]
+                    ) -> list[dict[str, Any]]:
     """Every request's record, with the cached tokens an ideal router would have given it
     (``bench.replicas.pool`` pools the runs of several invocations from them)."""
-    ideal = ideal_per_request(result.records, result.messages)
     return [record.to_json() | {"ideal_cached_tokens": ideal.get(record.index)}
-            for record in result.records]
+            for record in records]
 
 
 def gateway_side_cores(run: Mapping[str, Any]) -> float:

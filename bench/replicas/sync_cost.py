@@ -6,7 +6,8 @@ Two processes per client, each an ``ApproxIndexSync`` on a private ``redis-serve
 the gateway runs): the **writer** records one new routing decision every ``--interval-ms`` (each
 its own prompt, so each goes out as its own entry, as a replica's changes do at light load: a
 flush per change), and the **reader** merges what it reads. Each process measures its own CPU
-(user + system) from its first entry to its last; per entry, that is what a replica pays to
+(user + system) from its first entry to its last (the reader: from the poll, every 100 ms,
+that first sees an entry to the one that sees the last); per entry, that is what a replica pays to
 send one change and what every other replica pays to hear it. One run measures both clients
 one after the other on the same Redis; the figure to quote is the ratio.
 

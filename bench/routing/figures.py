@@ -151,12 +151,15 @@ def turns_kept(records: Sequence[Record], all_records: Sequence[Record]) -> dict
 def run_figures(records: Sequence[Record], messages: Mapping[int, Sequence[Message]],
                 counters: Mapping[str, Mapping[str, float]], window_s: float,
                 worker_names: Sequence[str], routed: Mapping[str, float] | None = None,
-                speed_factor: float = 1.0, warmup_s: float = 0.0) -> dict[str, Any]:
+                speed_factor: float = 1.0, warmup_s: float = 0.0,
+                ideal_tokens: Mapping[int, int] | None = None) -> dict[str, Any]:
     """Every figure of one run (see the module docstring). Requests sent in the first
     ``warmup_s`` are warm-up: their prompts count as seen for the ideal, but the request
     figures (TTFT, cached, ideal, misses, requests per worker, throughput) leave them out;
-    the engine-time and in-flight figures and the router's expectation cover the whole run."""
-    ideal_tokens = ideal_per_request(records, messages)
+    the engine-time and in-flight figures and the router's expectation cover the whole run.
+    ``ideal_tokens``: `ideal_per_request` of the records, when the caller has it already."""
+    if ideal_tokens is None:
+        ideal_tokens = ideal_per_request(records, messages)
     all_records, records = records, [r for r in records if r.sent_at_s >= warmup_s]
     stats = group_stats(records, {}, window_s - warmup_s)
     ideal = ideal_fraction(records, ideal_tokens)
