@@ -33,7 +33,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from backends.redis_url import REDIS_ERRORS
+from backends.redis_url import REDIS_ERRORS, is_cluster
 from routing.prefix import HASH_VERSION
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,11 @@ class KvPublisher:
         last_id: bytes | str | None = None
         try:
             if events:
-                async with self._redis.pipeline(transaction=False) as pipe:
+                # One transaction, so a gateway blocked in XREAD gets every event in one reply
+                # (after each command of a plain pipeline Redis answers it, and it comes back
+                # for the rest); a cluster client takes none, and the stream is one slot.
+                async with self._redis.pipeline(transaction=len(events) > 1
+                                                and not is_cluster(self._redis)) as pipe:
                     for event, hashes in events:
                         pipe.xadd(
                             stream,

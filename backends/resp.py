@@ -157,6 +157,23 @@ class RespConnection:
                 raise reply
         return replies
 
+    async def transaction(self, commands: Sequence[Sequence[Arg]], *,
+                          timeout_s: float | None = None) -> list[Any]:
+        """``MULTI``, the commands, ``EXEC``, in one write: their replies, in order. A client
+        blocked on a key they change is answered once, after all of them (in a plain pipeline
+        Redis answers it after the first, and it must ask again for the rest). A command's
+        error reply raises its ``ResponseError`` (the others ran: ``EXEC`` does not roll back)."""
+        if not commands:
+            return []
+        replies = await self.pipeline([("MULTI",), *commands, ("EXEC",)], timeout_s=timeout_s)
+        results = replies[-1]
+        if not isinstance(results, list):
+            raise ResponseError(f"EXEC answered {results!r}")
+        for result in results:
+            if isinstance(result, ResponseError):
+                raise result
+        return results
+
     async def aclose(self) -> None:
         self._drop(RedisConnectionError("the connection was closed"))
 

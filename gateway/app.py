@@ -174,7 +174,8 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             approx_sync = ApproxIndexSync(redis, router.approx_index, replica_id,
                                           ttl_s=settings.routing.approx_ttl_s,
                                           peers=PeerLoad(registry, replica_id),
-                                          push_interval_s=settings.routing.share_push_ms / 1000)
+                                          push_interval_s=settings.routing.share_push_ms / 1000,
+                                          lazy_interval_s=settings.routing.share_lazy_ms / 1000)
             router.on_record = approx_sync.record
             router.on_lesson = approx_sync.lesson
             router.on_booked = approx_sync.notify

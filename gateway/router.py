@@ -186,8 +186,9 @@ class Router:
         # Called with each response that changed a backend's claim lifetime in the
         # approximate index (backend, claim age, hit): ApproxIndexSync.lesson tells the others.
         self.on_lesson: Callable[[str, float, bool], None] | None = None
-        # Called after each change of a backend's in-flight books (ApproxIndexSync.notify).
-        self.on_booked: Callable[[], None] | None = None
+        # Called after each change of a backend's in-flight books (ApproxIndexSync.notify),
+        # with whether it raised them (a dispatch) rather than lowered them.
+        self.on_booked: Callable[[bool], None] | None = None
 
     # -- the request ----------------------------------------------------------------------
     def describe(self, model: str, body: dict[str, Any], tenant_id: str | None) -> RoutePlan:
@@ -363,7 +364,7 @@ class Router:
                                           - expected_cached_tokens)
         backend.book_started(plan.reserved_tokens, plan.pending_prefill_tokens)
         if self.on_booked is not None:
-            self.on_booked()
+            self.on_booked(True)
         plan.expected_cached_tokens = expected_cached_tokens
         plan.claim_age_s = None
         if plan.request.char_hashes:
@@ -400,7 +401,7 @@ class Router:
     def first_token(self, backend: Backend, plan: RoutePlan) -> None:
         backend.book_first_token(plan.pending_prefill_tokens, plan.sent_s)
         if self.on_booked is not None:
-            self.on_booked()
+            self.on_booked(False)
 
     def nearly_done(self, backend: Backend, plan: RoutePlan) -> None:
         """The request's stream is on its last step (one token left of its ``max_tokens``):
@@ -412,14 +413,14 @@ class Router:
             plan.is_ending = True
             backend.book_ending()
             if self.on_booked is not None:
-                self.on_booked()
+                self.on_booked(False)
 
     def finished(self, backend: Backend, plan: RoutePlan, *, had_first_token: bool) -> None:
         backend.book_finished(plan.reserved_tokens, plan.pending_prefill_tokens,
                               had_first_token=had_first_token, was_ending=plan.is_ending)
         plan.is_ending = False
         if self.on_booked is not None:
-            self.on_booked()
+            self.on_booked(False)
 
 
 def record_claim(approx_index: ApproxPrefixIndex, plan: RoutePlan, backend: str,

@@ -258,6 +258,11 @@ class RoutingSettings(_Strict):
         description="with several replicas: each sends a change of its in-flight counts or "
                     "index within a Redis round trip plus this many ms; more costs Redis and "
                     "each replica less CPU, and the others route on older counts")
+    share_lazy_ms: float = Field(
+        50.0, ge=0.0, le=1000.0,
+        description="with several replicas: a change that only lowers a replica's in-flight "
+                    "counts (a first token, a finish) waits up to this many ms for a dispatch "
+                    "to go out with; 0 sends it as a dispatch is sent")
     max_load_age_s: float = Field(5.0, gt=0)
     discover_workers: bool = True
     expose_backend_header: bool = True

@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import redis
 import yaml
 
 from bench.common.ballast import Ballast
@@ -139,6 +140,27 @@ def _own_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def redis_calls(url: str | None) -> dict[str, int]:
+    """The calls of each command the fleet's Redis has served so far (``INFO commandstats``);
+    {} without one."""
+    if not url:
+        return {}
+    client = redis.Redis.from_url(url)
+    try:
+        stats: Any = client.info("commandstats")
+    finally:
+        client.close()
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def calls_between(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, int]:
+    """The calls of each command from ``before`` to ``after`` (the ``INFO`` that read
+    ``before`` left out), those with any."""
+    calls = {name: n - before.get(name, 0) for name, n in after.items()}
+    calls["info"] = calls.get("info", 0) - 1
+    return {name: n for name, n in sorted(calls.items()) if n > 0}
+
+
 def run_one(spec: ReplicaSpec, settings: Settings, label: str, *, is_extra: bool = False,
             ballast_cores: float = 0.0) -> dict[str, Any]:
     """One fresh fleet, the workload through its front; its figures (and, with ``is_extra``,
@@ -171,6 +193,7 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
         window_started, busy_before, own_before = (time.monotonic(), busy_cpu_seconds(),
                                                    _own_cpu_s())
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        calls_before = redis_calls(fleet.local.redis_url)
         tenants = _tenants(fleet, settings)
         specs = WORKLOADS["shared-prefix"](settings.options, tenants, settings.seed)
         ballast_cpu_s = 0.0
@@ -182,6 +205,7 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
         else:
             run = drive_front(fleet, specs, load)
         cpu_s = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+        calls = calls_between(calls_before, redis_calls(fleet.local.redis_url))
         fleet_cpu_s = sum(cpu_s.values())
         elapsed_s = time.monotonic() - window_started
         own_cpu_s = _own_cpu_s() - own_before
@@ -199,7 +223,8 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
     ttft = figures["ttft_ms"]
     print(f"  {spec.mode:11} N={label:8} ok {figures['num_ok']:5} ttft p90/p99 "
           f"{ttft['p90'] or math.nan:6.0f}/{ttft['p99'] or math.nan:6.0f} ms  cached "
-          f"{figures['cached_fraction'] or math.nan:.3f}  "
+          f"{figures['cached_fraction'] or math.nan:.3f}  Redis calls/request "
+          f"{sum(calls.values()) / max(1, len(result.records)):.1f}  "
           f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
     return {"label": label, "num_replicas": spec.num_replicas, "is_shared": spec.is_shared,
             "per_replica": run.per_replica, "fleet_cores": fleet_cpu_s / elapsed_s,
@@ -208,6 +233,9 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
             "own_cores": own_cpu_s / elapsed_s,
             "cores": None if plan is None else plan.describe(),
             "fleet": {k: v for k, v in fleet.front.backends.items() if k != "backends"},
+            # Redis commands served while the workload ran, and per request sent
+            "redis_calls": calls, "redis_calls_per_request": (
+                sum(calls.values()) / len(result.records) if result.records else math.nan),
             **figures, "extras": extras, "records": request_records(result.records, ideal)}
 
 

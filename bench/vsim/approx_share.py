@@ -92,6 +92,7 @@ class ApproxShare:
                  peer_backends: Sequence[Sequence[Backend]] = (),
                  peer_changed: Callable[[int, int], None] = lambda replica, backend: None,
                  push_interval_s: float | None = None,
+                 lazy_interval_s: float = 0.0,
                  ) -> None:
         if flush_interval_s < 0 or rtt_s < 0:
             raise ValueError("need flush_interval_s >= 0 and rtt_s >= 0")
@@ -125,6 +126,9 @@ class ApproxShare:
         # only reads (ApproxIndexSync's push_interval_s). None: the read loop flushes.
         self.has_writer = push_interval_s is not None and flush_interval_s > 0
         self.push_interval_s = 0.0 if push_interval_s is None else push_interval_s
+        # A change that only lowers the counts wakes the writer this much later, unless a
+        # dispatch wakes it first (ApproxIndexSync's lazy_interval_s).
+        self.lazy_interval_s = lazy_interval_s
         self._num_replicas = num_replicas
         self._writer_at = [math.inf] * num_replicas  # when the writer's wake is due
         self._writer_free_s = [0.0] * num_replicas  # when its last flush's reply and sleep end
@@ -242,17 +246,19 @@ class ApproxShare:
             self._writer_free_s[replica] = now_s + self.rtt_s + self.push_interval_s
 
     def _kick(self, replica: int, now_s: float) -> None:
-        """``ApproxIndexSync.notify``: wake ``replica``'s writer (once it is free)."""
-        if self._writer_at[replica] == math.inf:
-            at_s = max(now_s, self._writer_free_s[replica])
+        """``ApproxIndexSync.notify``: wake ``replica``'s writer at ``now_s`` (once it is
+        free), unless it is to wake sooner already."""
+        at_s = max(now_s, self._writer_free_s[replica])
+        if at_s < self._writer_at[replica]:
             self._writer_at[replica] = at_s
             self._push(at_s, self._num_replicas + replica)
 
-    def books_changed(self, replica: int, now_s: float) -> None:
+    def books_changed(self, replica: int, now_s: float, urgent: bool = True) -> None:
         """``replica``'s books changed (or it made a decision) at ``now_s``: the router's
-        ``on_booked`` hook; with a writer of its own, that wakes the writer."""
+        ``on_booked`` hook; with a writer of its own, that wakes the writer, at once when
+        ``urgent`` (a dispatch), else ``lazy_interval_s`` later."""
         if self.has_writer:
-            self._kick(replica, now_s)
+            self._kick(replica, now_s if urgent else now_s + self.lazy_interval_s)
 
     def _send_read(self, replica: int, sent_s: float) -> None:
         half_s = self.rtt_s / 2

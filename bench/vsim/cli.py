@@ -36,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from backends.fleet.approx_sync import FLUSH_INTERVAL_S, PUSH_INTERVAL_S
+from backends.fleet.approx_sync import FLUSH_INTERVAL_S, LAZY_INTERVAL_S, PUSH_INTERVAL_S
 from backends.sim.profile import WorkerProfile
 from bench.common.fleet_modes import MODE_CHOICES, Mode, key_of, parse_modes
 from bench.run.workloads.base import TokenRange, WorkloadOptions
@@ -128,6 +128,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None if PUSH_INTERVAL_S is None else PUSH_INTERVAL_S * 1000,
         help="sy:approx: a writer task flushes as the books change, at most once per round "
              "trip plus this many ms (off: the read loop flushes, before each XREAD)")
+    add("--share-lazy-ms", type=float, default=LAZY_INTERVAL_S * 1000,
+        help="sy:approx: with the writer, a change that only lowers a replica's counts (a "
+             "first token, a finish) waits up to this many ms for a dispatch (0: at once)")
     args = parser.parse_args(argv)
     try:
         args.replicas = [int(n) for n in args.replicas.split(",") if n]
@@ -237,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        share_rtt_s=args.share_rtt_ms / 1000,
                        share_lessons=args.share_lessons == "on",
                        share_push_s=(None if args.share_push_ms is None
-                                     else args.share_push_ms / 1000))
+                                     else args.share_push_ms / 1000),
+                       share_lazy_s=args.share_lazy_ms / 1000)
     capacity = math.nan
     rate = args.rate
     if rate is None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from backends.fleet.approx_sync import FLUSH_INTERVAL_S, PUSH_INTERVAL_S
+from backends.fleet.approx_sync import FLUSH_INTERVAL_S, LAZY_INTERVAL_S, PUSH_INTERVAL_S
 from backends.sim.profile import WorkerProfile
 from bench.common.fleet_modes import Mode
 from bench.vsim.profiles import MODEL
@@ -61,6 +61,8 @@ class SimConfig:
     # Not None: a writer task of its own flushes as the books change, at most once per round
     # trip plus share_push_s (the read loop only reads); None: the read loop flushes.
     share_push_s: float | None = PUSH_INTERVAL_S
+    # With the writer: a change that only lowers the counts waits this long for a dispatch.
+    share_lazy_s: float = LAZY_INTERVAL_S
 
     def kv_delivery_s(self, worker: int, now_s: float) -> float:
         """When KV events a worker recorded at ``now_s`` reach the gateway's index: at its

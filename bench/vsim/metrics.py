@@ -113,6 +113,8 @@ class RunResult:
     num_replicas: int = 1  # gateway replicas behind a round-robin front
     is_sharing: bool = True  # they share the approximate index (always, with one)
     is_peer_load: bool = True  # they count each other's requests in flight (always, with one)
+    # sy:approx flushes (pipelines, each a wake-up of every other replica) per request
+    flushes_per_request: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -65,6 +65,7 @@ def replica_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
             one = None if base is None else getattr(base, field) * scale
             many = getattr(result, field) * scale
             row[name] = {"one": one, "many": many, "ratio": ratio_of(many, one)}
+        row["flushes_per_request"] = result.flushes_per_request
         rows.append(row)
     return rows
 
@@ -86,11 +87,12 @@ def replica_table(rows: Iterable[Mapping[str, Any]]) -> str:
         return ratio_cell(pair, "one", "many", digits)
 
     lines = ["| mode | profile | replicas | approx index | peer load | TTFT p90 (ms) "
-             "| TTFT p99 (ms) | cached share | missed (%) |",
-             "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: |"]
+             "| TTFT p99 (ms) | cached share | missed (%) | flushes / request |",
+             "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         lines.append(f"| {r['mode']} | {r['profile']} | {r['num_replicas']} | {r['sharing']} "
                      f"| {r['peer_load']} "
                      f"| {cell(r['ttft_p90_ms'], 0)} | {cell(r['ttft_p99_ms'], 0)} "
-                     f"| {cell(r['cached_fraction'], 3)} | {cell(r['missed_percent'], 2)} |")
+                     f"| {cell(r['cached_fraction'], 3)} | {cell(r['missed_percent'], 2)} "
+                     f"| {r.get('flushes_per_request', 0.0):.2f} |")
     return "\n".join(lines)

@@ -129,7 +129,8 @@ def build_share(config: SimConfig, replicas: Sequence[Replica], *,
     share = ApproxShare(indexes, ttl_s=config.approx_ttl_s, push=push, has_work=has_work,
                         flush_interval_s=config.share_flush_s, rtt_s=config.share_rtt_s,
                         peers=peers, peer_backends=[r.backends for r in replicas],
-                        peer_changed=peer_changed, push_interval_s=config.share_push_s)
+                        peer_changed=peer_changed, push_interval_s=config.share_push_s,
+                        lazy_interval_s=config.share_lazy_s)
     if share_claims:
         for r, replica in enumerate(replicas):
             replica.router.gateway.on_record = share.recorder(r)

@@ -60,7 +60,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from backends.engine_core.block_manager import KvEvent
 from backends.engine_core.sequence import Sequence
@@ -159,10 +159,11 @@ class Simulation:
     def _peer_changed(self, replica: int, worker: int) -> None:
         self.replicas[replica].router.mark_changed(worker)
 
-    def _booked(self, replica: int, now_s: float) -> None:
-        """Replica ``replica``'s books changed at ``now_s``."""
+    def _booked(self, replica: int, now_s: float, *, urgent: bool = False) -> None:
+        """Replica ``replica``'s books changed at ``now_s``: raised (``urgent``, a dispatch)
+        or lowered."""
         if self.share is not None:
-            self.share.books_changed(replica, now_s)  # Router.on_booked: wakes the writer
+            self.share.books_changed(replica, now_s, urgent)  # Router.on_booked: the writer
         if self._share_load_at_once:
             assert self.share is not None
             self.share.load_changed(replica, now_s)
@@ -215,7 +216,7 @@ class Simulation:
             else:
                 for replica in self.replicas:
                     replica.router.mark_changed(worker)
-        return summarize(
+        result = summarize(
             self.recorder, profile=config.profile, mode=config.mode,
             workload=self.workload.name,
             rate_per_s=config.rate_per_s,
@@ -226,6 +227,10 @@ class Simulation:
             is_peer_load=config.num_replicas == 1 or config.peer_load,
             num_warmup=(config.num_warmup if config.num_warmup is not None
                         else int(config.warmup_fraction * config.num_requests)))
+        if self.share is not None and config.num_requests:
+            result = replace(result, flushes_per_request=self.share.num_flushes
+                             / config.num_requests)
+        return result
 
     def _next_arrival_s(self, now_s: float) -> float:
         if self._arrivals_s is not None:
@@ -252,7 +257,7 @@ class Simulation:
             return
         worker, expected_cached_tokens = ranked
         router.started(worker, plan, now_s, expected_cached_tokens)
-        self._booked(replica, now_s)
+        self._booked(replica, now_s, urgent=True)
         if self.config.dispatch_s > 0:
             self._dispatching.append((index, request, plan, worker, replica))
             self._push(now_s + self.config.dispatch_s, _DISPATCH, worker)

@@ -69,6 +69,25 @@ async def test_events_and_snapshot_reconstruct_the_resident_set(redis: aioredis.
     assert await _replay(redis, wid) == {3, 2**64 - 1, 7}
 
 
+async def test_a_flush_wakes_a_blocked_reader_once_with_every_event(
+        redis: aioredis.Redis, redis_url: str) -> None:
+    """A gateway blocked in XREAD on the worker's stream gets a flush's events in one reply
+    (a transaction: after each command of a plain pipeline Redis would answer it)."""
+    publisher = _publisher(redis)
+    stream = kv_stream_key(publisher.identity.worker_id)
+    reader = aioredis.Redis.from_url(redis_url)
+    read = asyncio.create_task(reader.xread({stream: "$"}, count=100, block=5000))
+    await asyncio.sleep(0.1)
+    publisher.record("stored", [1, 2, 3])
+    publisher.record("removed", [2])
+    publisher.record("stored", [4])
+    await publisher.flush()
+    ((_, entries),) = await asyncio.wait_for(read, 3)
+    assert [fields[b"type"] for _, fields in entries] == [
+        b"cleared", b"stored", b"removed", b"stored"]  # a new epoch starts cleared
+    await reader.aclose()
+
+
 async def test_heartbeat_document_ttl_and_membership(redis: aioredis.Redis) -> None:
     publisher = _publisher(redis, heartbeat_ttl_s=3.0)
     wid = publisher.identity.worker_id

@@ -81,6 +81,34 @@ async def test_a_blocking_read_is_woken_by_an_add(redis: aioredis.Redis) -> None
     await conn.aclose()
 
 
+async def test_a_transaction_answers_a_blocked_reader_once_with_every_add(
+        redis: aioredis.Redis) -> None:
+    """In a plain pipeline Redis answers a blocked XREAD after the first XADD, and the reader
+    must ask again for the rest; in a transaction, after the last."""
+    writer, reader = _conn(redis), _conn(redis)
+    for send in (writer.pipeline, writer.transaction):
+        read = asyncio.create_task(reader.xread({"s": "$"}, count=10, block_ms=5000))
+        await asyncio.sleep(0.1)
+        ids = await send([("XADD", "s", "*", "n", str(i)) for i in range(3)])
+        ((_, entries),) = await asyncio.wait_for(read, 2)
+        expected = ids[:1] if send == writer.pipeline else ids
+        assert [entry_id for entry_id, _ in entries] == expected
+    assert await writer.transaction([]) == []
+    await writer.aclose()
+    await reader.aclose()
+
+
+async def test_an_error_inside_a_transaction_raises_and_the_rest_ran(
+        redis: aioredis.Redis) -> None:
+    conn = _conn(redis)
+    await redis.set("text", "not a number")
+    with pytest.raises(ResponseError, match="not an integer"):
+        await conn.transaction([("SET", "a", "1"), ("INCR", "text"), ("SET", "b", "2")])
+    assert await redis.mget("a", "b") == [b"1", b"2"]  # EXEC does not roll back
+    assert conn.num_connects == 1
+    await conn.aclose()
+
+
 async def test_xread_reads_several_streams_in_redis_py_shape_and_waits_past_its_block(
         redis: aioredis.Redis) -> None:
     conn = _conn(redis, timeout_s=0.3)

@@ -209,8 +209,10 @@ def test_peer_load_shared_at_once_makes_each_replica_count_the_fleet(
     assert (simulation.num_seen_from_peers > 0) is peer_load
 
 
-def peer_loop(num_replicas: int) -> tuple[Loop, list[list[Backend]], list[tuple[int, int]]]:
-    """``Loop`` with a ``PeerLoad`` per replica over its own two backends."""
+def peer_loop(num_replicas: int, **options: Any
+              ) -> tuple[Loop, list[list[Backend]], list[tuple[int, int]]]:
+    """``Loop`` with a ``PeerLoad`` per replica over its own two backends; ``options`` to
+    ``ApproxShare`` (a writer's ``push_interval_s``, ``lazy_interval_s``)."""
     loop = Loop(num_replicas, FLUSH_INTERVAL_S, end_s=5.0)
     backends = [[Backend(f"w{i}", f"vsim://w{i}", frozenset({"m"})) for i in range(2)]
                 for _ in range(num_replicas)]
@@ -220,7 +222,7 @@ def peer_loop(num_replicas: int) -> tuple[Loop, list[list[Backend]], list[tuple[
         push=loop.push, has_work=loop.has_work, peer_backends=backends,
         peers=[PeerLoad(BackendRegistry(b), f"r{r}", clock=no_clock)
                for r, b in enumerate(backends)],
-        peer_changed=lambda replica, backend: changed.append((replica, backend)))
+        peer_changed=lambda replica, backend: changed.append((replica, backend)), **options)
     loop.heap.clear()
     loop.share.start(0.0)
     return loop, backends, changed
@@ -245,6 +247,40 @@ def test_in_flight_counts_travel_as_claims_do() -> None:
     backends[0][1].book_finished(300, 200, had_first_token=False, was_ending=False)
     loop.run_until(0.5)
     assert backends[1][1].peer_in_flight == 0 and changed == [(1, 1), (1, 1)]
+
+
+def test_counts_that_fall_wait_for_a_dispatch_or_the_lazy_interval() -> None:
+    """With a writer (1 ms after each flush's reply) and a 20 ms lazy interval: a dispatch
+    at 0.3 s is heard at 0.301 s (in the stream half a round trip after the flush, read half a
+    round trip later); a finish at 0.4 s at 0.421 s; a finish at 0.5 s goes out with a
+    dispatch at 0.505 s, heard at 0.506 s."""
+    loop, backends, _ = peer_loop(2, push_interval_s=0.001, lazy_interval_s=0.02)
+    share = loop.share
+    loop.run_until(0.1)
+    backends[1][0].book_started(reserved_tokens=10, pending_prefill_tokens=5)
+    share.books_changed(1, 0.1)  # replica 1 says it exists (its first entry: every row)
+    loop.run_until(0.3)
+    sender, seen = backends[0][1], backends[1][1]
+    for _ in range(2):
+        sender.book_started(reserved_tokens=300, pending_prefill_tokens=200)
+    share.books_changed(0, 0.3)
+    loop.run_until(0.301 - 1e-6)
+    assert seen.peer_in_flight == 0
+    loop.run_until(0.301 + 1e-9)
+    assert seen.peer_in_flight == 2
+    sender.book_finished(300, 200, had_first_token=False, was_ending=False)
+    share.books_changed(0, 0.4, urgent=False)
+    loop.run_until(0.421 - 1e-6)
+    assert seen.peer_in_flight == 2
+    loop.run_until(0.421 + 1e-9)
+    assert seen.peer_in_flight == 1
+    sender.book_finished(300, 200, had_first_token=False, was_ending=False)
+    share.books_changed(0, 0.5, urgent=False)
+    loop.run_until(0.505)
+    backends[0][0].book_started(reserved_tokens=10, pending_prefill_tokens=5)
+    share.books_changed(0, 0.505)
+    loop.run_until(0.506 + 1e-9)
+    assert (seen.peer_in_flight, backends[1][0].peer_in_flight) == (0, 1)
 
 
 class _Silent:

@@ -50,6 +50,20 @@ def test_a_stream_on_its_last_step_counts_once_until_it_ends() -> None:
     assert worker.state(now_s + 2).num_holding == 0
 
 
+def test_the_replicas_hook_hears_which_changes_raise_the_books() -> None:
+    """``on_booked`` (``ApproxIndexSync.notify``): True for a dispatch, which the other
+    replicas must hear at once; False for what only lowers the books."""
+    router, worker = one_slot_router()
+    heard: list[bool] = []
+    router.on_booked = heard.append
+    plan = router.describe("m", {"messages": [{"role": "user", "content": "hi"}]}, "t")
+    router.started(worker, plan)
+    router.first_token(worker, plan)
+    router.nearly_done(worker, plan)
+    router.finished(worker, plan, had_first_token=True)
+    assert heard == [True, False, False, False]
+
+
 def test_first_tokens_of_requests_sent_before_the_figures_count_as_started() -> None:
     router, worker = one_slot_router()
     before = router.describe("m", {"messages": [{"role": "user", "content": "a"}]}, "t")

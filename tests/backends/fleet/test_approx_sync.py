@@ -19,7 +19,7 @@ from backends.fleet.approx_sync import (
     xadd_command,
 )
 from backends.publisher import pack_hashes, unpack_hashes
-from backends.resp import stream_entries
+from backends.resp import RespAddress, RespConnection, stream_entries
 from routing.index_approx import ApproxPrefixIndex
 from routing.prefix import char_block_hashes
 
@@ -151,6 +151,35 @@ async def test_a_writer_of_its_own_sends_while_every_read_blocks(
         sync_1.record(chain, "w1", time.time())
         assert await _until(lambda: index_2.match(chain, time.time()).num_blocks.get("w1")
                             == len(chain), timeout_s=1.0)
+
+
+async def test_a_flush_reaches_a_blocked_reader_in_one_reply(
+        approx_redis: aioredis.Redis, plain_resp: bool) -> None:
+    """Two claims and a lesson flushed together wake a blocked reader once, with all three
+    (a transaction; in a plain pipeline the reader would get the first and come back)."""
+    reader = RespConnection(RespAddress.of(approx_redis) or _no_address(), timeout_s=2.0)
+    read = asyncio.create_task(reader.xread({APPROX_STREAM: "$"}, count=100, block_ms=5000))
+    await asyncio.sleep(0.1)
+    sync = ApproxIndexSync(approx_redis, ApproxPrefixIndex(ttl_s=60), "gw-1", ttl_s=60,
+                           flush_interval_s=5.0, is_plain_resp=plain_resp)
+    now_s = time.time()
+    sync.record(tuple(char_block_hashes("first prompt " * 20, 64, "m")), "w0", now_s)
+    sync.record(tuple(char_block_hashes("second prompt " * 20, 64, "m")), "w1", now_s)
+    sync.lesson("w0", 5.0, False)
+    task = asyncio.create_task(sync.run())  # plain: its writer flushes; redis-py: the reader
+    try:
+        ((_, entries),) = await asyncio.wait_for(read, 3)
+        assert [fields[b"b"] for _, fields in entries] == [b"w0", b"w1", b"w0"]
+        assert b"o" in entries[2][1]
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        await reader.aclose()
+
+
+def _no_address() -> RespAddress:
+    raise AssertionError("the test Redis client is a plain one")
 
 
 async def test_what_a_response_taught_one_replica_reaches_the_others(

@@ -4,6 +4,7 @@ through a real Redis stream shared with the approximate index."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -203,3 +204,52 @@ async def test_replicas_hear_each_others_load_through_the_stream(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_counts_that_fall_wait_for_a_dispatch_or_the_lazy_interval(
+        approx_redis: aioredis.Redis) -> None:
+    """A finish (``notify(urgent=False)``) reaches the other replica only after the lazy
+    interval, unless a dispatch (``notify()``) goes first and carries it."""
+    registries = [_registry(), _registry()]
+    syncs, tasks = [], []
+    for name, other, registry in zip(("gw-1", "gw-2"), ("gw-2", "gw-1"), registries,
+                                     strict=True):
+        peers = PeerLoad(registry, name)
+        peers.merge(other, orjson.dumps({}))  # each knows the other: changes go out
+        sync = ApproxIndexSync(approx_redis, ApproxPrefixIndex(ttl_s=60), name, ttl_s=60,
+                               flush_interval_s=5.0, lazy_interval_s=1.0, peers=peers)
+        await sync.catch_up()
+        syncs.append(sync)
+        tasks.append(asyncio.create_task(sync.run()))
+    sender = registries[0].get("b")
+    seen = registries[1].get("b")
+    assert sender is not None and seen is not None
+
+    async def until(level: int, timeout_s: float) -> float:
+        started_s = time.monotonic()
+        while time.monotonic() - started_s < timeout_s and seen.peer_in_flight != level:
+            await asyncio.sleep(0.005)
+        assert seen.peer_in_flight == level
+        return time.monotonic() - started_s
+
+    try:
+        _send(registries[0], "b", 3)
+        syncs[0].notify()
+        await until(3, timeout_s=2.0)
+        sender.book_finished(100, 40, had_first_token=False, was_ending=False)
+        syncs[0].notify(urgent=False)
+        await asyncio.sleep(0.5)
+        assert seen.peer_in_flight == 3  # half the lazy interval on: not sent yet
+        assert await until(2, timeout_s=2.0) >= 0.3  # sent at 1 s
+        sender.book_finished(100, 40, had_first_token=False, was_ending=False)
+        syncs[0].notify(urgent=False)
+        _send(registries[0], "a", 1)
+        syncs[0].notify()  # a dispatch: out at once, with the finish
+        await until(1, timeout_s=0.8)
+        assert registries[1].get("a").peer_in_flight == 1  # type: ignore[union-attr]
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, 10)
