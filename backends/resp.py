@@ -162,9 +162,10 @@ class RespConnection:
         """``MULTI``, the commands, ``EXEC``, in one write: their replies, in order. A client
         blocked on a key they change is answered once, after all of them (in a plain pipeline
         Redis answers it after the first, and it must ask again for the rest). A command's
-        error reply raises its ``ResponseError`` (the others ran: ``EXEC`` does not roll back)."""
-        if not commands:
-            return []
+        error reply raises its ``ResponseError`` (the others ran: ``EXEC`` does not roll back).
+        One command is sent alone: it is answered, and answers blocked clients, as one anyway."""
+        if len(commands) < 2:
+            return await self.pipeline(commands, timeout_s=timeout_s)
         replies = await self.pipeline([("MULTI",), *commands, ("EXEC",)], timeout_s=timeout_s)
         results = replies[-1]
         if not isinstance(results, list):

@@ -207,6 +207,11 @@ class ApproxIndexSync:
         self._lazy_timer = None
         self._changed.set()
 
+    def _cancel_lazy(self) -> None:
+        if self._lazy_timer is not None:
+            self._lazy_timer.cancel()
+            self._lazy_timer = None
+
     async def catch_up(self) -> None:
         """Merge the claims other replicas made within the last ``ttl_s``."""
         since_ms = int((time.time() - self._ttl_s) * 1000)
@@ -235,11 +240,7 @@ class ApproxIndexSync:
             # command of a plain pipeline Redis answers the readers blocked on the stream, which
             # then come back for the rest (a dispatch's claim and counts: two wake-ups).
             if self._writer is not None:
-                commands = [xadd_command(fields, maxlen) for fields in entries]
-                if len(commands) > 1:
-                    await self._writer.transaction(commands)
-                else:
-                    await self._writer.pipeline(commands)
+                await self._writer.transaction([xadd_command(f, maxlen) for f in entries])
             else:
                 # A cluster client takes no transaction; the stream is one key, one slot.
                 async with self._redis.pipeline(transaction=len(entries) > 1
@@ -261,9 +262,7 @@ class ApproxIndexSync:
         try:
             await self._run(reader)
         finally:
-            if self._lazy_timer is not None:
-                self._lazy_timer.cancel()
-                self._lazy_timer = None
+            self._cancel_lazy()
             writer, self._writer = self._writer, None
             for conn in (reader, writer):
                 if conn is not None:
@@ -304,9 +303,7 @@ class ApproxIndexSync:
                 with contextlib.suppress(TimeoutError):  # the counts' keepalive may be due
                     await asyncio.wait_for(self._changed.wait(), self._flush_interval_s)
             self._changed.clear()
-            if self._lazy_timer is not None:  # this flush carries the lazy changes
-                self._lazy_timer.cancel()
-                self._lazy_timer = None
+            self._cancel_lazy()  # this flush carries the lazy changes
             try:
                 await self.flush()
             except REDIS_ERRORS as exc:

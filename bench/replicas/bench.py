@@ -221,10 +221,12 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
                           speed_factor=settings.speed_factor or 1.0, warmup_s=settings.warmup_s,
                           ideal_tokens=ideal)
     ttft = figures["ttft_ms"]
+    calls_per_request = (sum(calls.values()) / len(result.records) if result.records
+                         else math.nan)
     print(f"  {spec.mode:11} N={label:8} ok {figures['num_ok']:5} ttft p90/p99 "
           f"{ttft['p90'] or math.nan:6.0f}/{ttft['p99'] or math.nan:6.0f} ms  cached "
           f"{figures['cached_fraction'] or math.nan:.3f}  Redis calls/request "
-          f"{sum(calls.values()) / max(1, len(result.records)):.1f}  "
+          f"{calls_per_request:.1f}  "
           f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
     return {"label": label, "num_replicas": spec.num_replicas, "is_shared": spec.is_shared,
             "per_replica": run.per_replica, "fleet_cores": fleet_cpu_s / elapsed_s,
@@ -234,8 +236,7 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
             "cores": None if plan is None else plan.describe(),
             "fleet": {k: v for k, v in fleet.front.backends.items() if k != "backends"},
             # Redis commands served while the workload ran, and per request sent
-            "redis_calls": calls, "redis_calls_per_request": (
-                sum(calls.values()) / len(result.records) if result.records else math.nan),
+            "redis_calls": calls, "redis_calls_per_request": calls_per_request,
             **figures, "extras": extras, "records": request_records(result.records, ideal)}
 
 

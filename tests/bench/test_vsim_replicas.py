@@ -8,6 +8,7 @@ import heapq
 import json
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -249,6 +250,14 @@ def test_in_flight_counts_travel_as_claims_do() -> None:
     assert backends[1][1].peer_in_flight == 0 and changed == [(1, 1), (1, 1)]
 
 
+def _heard_at(loop: Loop, at_s: float, count: Callable[[], int]) -> tuple[int, int]:
+    """``count()`` just before ``at_s`` and just after it (float sums of half round trips)."""
+    loop.run_until(at_s - 1e-6)
+    before = count()
+    loop.run_until(at_s + 1e-9)
+    return before, count()
+
+
 def test_counts_that_fall_wait_for_a_dispatch_or_the_lazy_interval() -> None:
     """With a writer (1 ms after each flush's reply) and a 20 ms lazy interval: a dispatch
     at 0.3 s is heard at 0.301 s (in the stream half a round trip after the flush, read half a
@@ -264,16 +273,10 @@ def test_counts_that_fall_wait_for_a_dispatch_or_the_lazy_interval() -> None:
     for _ in range(2):
         sender.book_started(reserved_tokens=300, pending_prefill_tokens=200)
     share.books_changed(0, 0.3)
-    loop.run_until(0.301 - 1e-6)
-    assert seen.peer_in_flight == 0
-    loop.run_until(0.301 + 1e-9)
-    assert seen.peer_in_flight == 2
+    assert _heard_at(loop, 0.301, lambda: seen.peer_in_flight) == (0, 2)
     sender.book_finished(300, 200, had_first_token=False, was_ending=False)
     share.books_changed(0, 0.4, urgent=False)
-    loop.run_until(0.421 - 1e-6)
-    assert seen.peer_in_flight == 2
-    loop.run_until(0.421 + 1e-9)
-    assert seen.peer_in_flight == 1
+    assert _heard_at(loop, 0.421, lambda: seen.peer_in_flight) == (2, 1)
     sender.book_finished(300, 200, had_first_token=False, was_ending=False)
     share.books_changed(0, 0.5, urgent=False)
     loop.run_until(0.505)
