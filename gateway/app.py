@@ -26,7 +26,8 @@ from backends.fleet.breaker import BreakerConfig
 from backends.fleet.health import HealthChecker
 from backends.fleet.peer_load import PeerLoad
 from backends.fleet.registry import BackendRegistry
-from backends.fleet.sync import FleetSync
+from backends.fleet.scrape_share import FRESH_SHARE, ScrapeShare
+from backends.fleet.sync import SCRAPE_INTERVAL_S, FleetSync
 from backends.fleet.upstream import UpstreamClient
 from backends.redis_url import REDIS_ERRORS
 from gateway import admin, handlers, openapi, proxy
@@ -167,15 +168,19 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             asyncio.create_task(usage.run(), name="usage-flush"),
             asyncio.create_task(HeapTrimmer().run(), name="heap-trim"),
         ]
+        scrapes: ScrapeShare | None = None  # the replicas' shared /metrics scrapes
         if redis is not None:  # in memory there is one replica: nothing to share or hear
             tasks.append(asyncio.create_task(state.auth.listen_for_invalidations(),
                                              name="auth-invalidation"))
             replica_id = new_request_id()
+            if settings.routing.share_scrapes:
+                scrapes = ScrapeShare(replica_id, fresh_s=FRESH_SHARE * SCRAPE_INTERVAL_S)
             approx_sync = ApproxIndexSync(redis, router.approx_index, replica_id,
                                           ttl_s=settings.routing.approx_ttl_s,
                                           peers=PeerLoad(registry, replica_id),
                                           push_interval_s=settings.routing.share_push_ms / 1000,
-                                          lazy_interval_s=settings.routing.share_lazy_ms / 1000)
+                                          lazy_interval_s=settings.routing.share_lazy_ms / 1000,
+                                          scrapes=scrapes)
             router.on_record = approx_sync.record
             router.on_lesson = approx_sync.lesson
             router.on_booked = approx_sync.notify
@@ -186,7 +191,9 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             tasks.append(asyncio.create_task(approx_sync.run(), name="approx-index-sync"))
         discover_workers = settings.routing.discover_workers and redis is not None
         fleet = FleetSync(registry, redis, upstream.session, index=router.exact_index,
-                          discover_workers=discover_workers)
+                          scrape_interval_s=SCRAPE_INTERVAL_S,
+                          discover_workers=discover_workers, scrapes=scrapes)
+        metrics.add_source(lambda: _scrape_metrics(fleet, scrapes))
         if discover_workers:
             await fleet.poll_members_once()  # workers already beating are known at start
         await fleet.first_look()  # listed engines' load source and profile, before serving
@@ -211,6 +218,16 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             await state.aclose()
 
     app.cleanup_ctx.append(lifecycle)
+
+
+def _scrape_metrics(fleet: FleetSync, scrapes: ScrapeShare | None) -> Iterator[object]:
+    """The listed engines' load figures this replica read itself and those it took from the
+    other replicas' scrapes (``routing.share_scrapes``)."""
+    yield counter_family(
+        "switchyard_fleet_scrapes",
+        "Listed engines' /metrics figures: read by this replica, or heard from another's scrape.",
+        "how", {"read": float(fleet.num_scrapes_read),
+                "heard": float(scrapes.num_heard if scrapes is not None else 0)})
 
 
 def _prefix_cache_metrics(registry: BackendRegistry, router: Router) -> Iterator[object]:

@@ -21,6 +21,10 @@ them until a request of its own missed there (in virtual time, sharing the lesso
 misses of 2 and 4 replicas under KV pressure back to one replica's: ``docs/benchmarks/vsim.md``).
 Lessons are rare: a lifetime changes on misses and on hits near it, not on every response.
 
+Another kind of entry carries a replica's ``/metrics`` scrapes of the listed engines
+(``backends.fleet.scrape_share``): the others take the figures instead of scraping the engines
+themselves.
+
 Each flush's entries go in one ``MULTI`` / ``EXEC`` (Redis answers a reader blocked in
 ``XREAD`` after each command of a plain pipeline, and it would come back for the rest), and a
 change that only lowers this replica's counts waits up to ``lazy_interval_s`` for a dispatch to
@@ -53,6 +57,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from backends.fleet.peer_load import PeerLoad, load_of
+from backends.fleet.scrape_share import SCRAPE_FIELD, ScrapeShare
 from backends.publisher import pack_hashes, unpack_hashes
 from backends.redis_url import REDIS_ERRORS, is_cluster, raise_if_cancelled
 from backends.resp import RESP_TIMEOUT_S, Arg, RespAddress, RespConnection
@@ -121,8 +126,14 @@ class ApproxIndexSync:
         push_interval_s: float | None = PUSH_INTERVAL_S,
         lazy_interval_s: float = LAZY_INTERVAL_S,
         is_plain_resp: bool = True,
+        scrapes: ScrapeShare | None = None,
     ) -> None:
         self._redis = redis
+        # The replicas' shared /metrics scrapes (backends.fleet.scrape_share): what this one
+        # read goes out with the next flush, what the others read is handed to it.
+        self._scrapes = scrapes
+        if scrapes is not None:
+            scrapes.on_queued = self.notify
         # The read and write loops' own connections, RESP by hand (backends.resp), where the
         # client is a plain one: a few times less CPU per entry than redis-py's.
         self._address = RespAddress.of(redis) if is_plain_resp else None
@@ -226,7 +237,8 @@ class ApproxIndexSync:
         pending, self._pending = self._pending, []
         lessons = self.take_lessons()
         load = self._peers.entry() if self._peers is not None else None
-        if not pending and not lessons and load is None:
+        scraped = self._scrapes.entry() if self._scrapes is not None else None
+        if not pending and not lessons and load is None and scraped is None:
             return
         entries: list[Mapping[Any, Any]] = [
             {"r": self.replica_id, "b": backend, "t": f"{recorded_s:.3f}",
@@ -234,6 +246,8 @@ class ApproxIndexSync:
         entries += [lesson_fields(self.replica_id, lesson) for lesson in lessons]
         if load is not None:
             entries.append(load)
+        if scraped is not None:
+            entries.append(scraped)  # lost if the flush fails: the figures age, are read again
         maxlen = self._stream_maxlen
         try:
             # One transaction, so a blocked reader gets every entry in one reply: after each
@@ -350,6 +364,10 @@ class ApproxIndexSync:
             if load is not None:  # a replica's requests in flight, not a claim
                 if peers is not None:
                     peers.merge(fields.get(b"r", b""), load[0], is_delta=load[1])
+                continue
+            if SCRAPE_FIELD in fields:  # a replica's scrape of the listed engines
+                if self._scrapes is not None:
+                    self._scrapes.merge(fields.get(b"r", b""), fields[SCRAPE_FIELD])
                 continue
             if b"o" in fields:  # a lesson, not a claim
                 lesson = lesson_of(fields)

@@ -5,7 +5,9 @@
   its heartbeat expires. Backends listed in the configuration always stay (engines switchyard
   did not start); a heartbeat whose URL matches one enriches it instead of duplicating it.
 - **Load.** From heartbeats for switchyard workers; for other engines, by scraping their
-  ``/metrics`` (vLLM's names, or SGLang's) every ``scrape_interval_s``.
+  ``/metrics`` (vLLM's names, or SGLang's) every ``scrape_interval_s``. With ``scrapes`` (a
+  ``backends.fleet.scrape_share.ScrapeShare``) the replicas share those scrapes: an engine
+  whose figures another replica read within the interval is not scraped here.
 - **KV residency.** Each heartbeat worker's KV-event stream feeds the exact prefix index: the
   snapshot first (``sy:kvsnap:{id}``), then the stream after the snapshot's id. On one Redis a
   single blocking ``XREAD`` follows every stream; on a Redis Cluster, where each worker's stream
@@ -31,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import struct
 import time
 from collections.abc import Callable
@@ -54,6 +57,7 @@ from backends.fleet.profiles import (
 )
 from backends.fleet.prom import metric_sums
 from backends.fleet.registry import Backend, BackendRegistry
+from backends.fleet.scrape_share import Figures, HeardFigures, ScrapeShare
 from backends.publisher import (
     WORKERS_ZSET,
     kv_snapshot_key,
@@ -90,6 +94,8 @@ RESTART_GRACE_S = 5.0  # a heartbeat's TTL: every live worker has beaten again b
 CLUSTER_KV_POLL_S = 0.05  # on a Redis Cluster, the pause between polls of the KV streams
 KV_READ_COUNT = 1000  # entries read from a stream at a time
 KV_BLOCK_MS = 200  # a blocking read of the KV streams returns empty after this long
+SCRAPE_INTERVAL_S = 1.0  # each listed engine's /metrics is read this often
+SCRAPE_JITTER = 0.05  # with shared scrapes: each wait is the interval +- this share of it
 
 def parse_engine_metrics(text: str) -> dict[str, float]:
     """Running, waiting and KV usage from a vLLM or SGLang ``/metrics`` page, summed; a figure
@@ -112,12 +118,19 @@ class FleetSync:
         *,
         index: KvIndex | None = None,
         poll_interval_s: float = 0.25,
-        scrape_interval_s: float = 1.0,
+        scrape_interval_s: float = SCRAPE_INTERVAL_S,
         discover_interval_s: float = 30.0,
         discover_workers: bool = True,
         on_change: Any = None,
         is_plain_resp: bool = True,
+        scrapes: ScrapeShare | None = None,
     ) -> None:
+        self._scrapes = scrapes
+        if scrapes is not None:
+            scrapes.on_figures = self.hear_figures
+        # Listed engines (name, URL) this replica has scraped itself: each once at least, for
+        # the cache configuration its page carries and the shared figures do not.
+        self._scraped_here: set[tuple[str, str]] = set()
         self._is_plain_resp = is_plain_resp  # the KV read on a connection of its own
         self._discover_interval_s = discover_interval_s
         self._discover_workers = discover_workers and redis is not None
@@ -139,6 +152,7 @@ class FleetSync:
         self._redis_run_id: str | None = None
         self._restart_grace_until_s = 0.0
         self.num_malformed_kv = 0  # KV-event entries that were not events this version reads
+        self.num_scrapes_read = 0  # listed engines' /metrics pages fetched by this replica
 
     async def first_look(self) -> None:
         """One scrape and one profile discovery of the listed engines, never failing."""
@@ -153,21 +167,32 @@ class FleetSync:
                      if self._redis is not None else [])
         return [
             *members,
-            asyncio.create_task(self._forever(self.scrape_metrics, self._scrape_interval_s),
-                                name="fleet-metrics"),
+            asyncio.create_task(self._scrape_forever(), name="fleet-metrics"),
             asyncio.create_task(self._forever(self.discover_profiles, self._discover_interval_s),
                                 name="fleet-profiles"),
             *kv_events,
         ]
 
-    async def _forever(self, step: Any, interval_s: float) -> None:
+    async def _scrape_forever(self) -> None:
+        """The scrape loop. With shared scrapes it starts at a random point of the interval
+        and each wait is the interval ± ``SCRAPE_JITTER``: replicas started together
+        (``serve --workers N``) would otherwise tick together for good, each scraping before
+        the others' figures arrive."""
+        interval_s = self._scrape_interval_s
+        if self._scrapes is None:
+            await self._forever(self.scrape_metrics, interval_s)
+            return
+        await asyncio.sleep(random.uniform(0.0, interval_s))
+        await self._forever(self.scrape_metrics, interval_s, jitter=SCRAPE_JITTER)
+
+    async def _forever(self, step: Any, interval_s: float, *, jitter: float = 0.0) -> None:
         while True:
             raise_if_cancelled()
             try:
                 await step()
             except REDIS_ERRORS as exc:
                 log.warning("fleet sync: %s", exc)
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(interval_s * (1.0 + random.uniform(-jitter, jitter)))
 
     # -- membership and heartbeat load --------------------------------------------------
     async def poll_members_once(self) -> None:
@@ -283,11 +308,17 @@ class FleetSync:
 
     # -- engines switchyard did not start: scrape /metrics ------------------------------
     async def scrape_metrics(self) -> None:
+        scrapes = self._scrapes
         targets = [b for b in self._registry.backends
-                   if b.source == "config" and b.name not in self._epochs]
+                   if b.source == "config" and b.name not in self._epochs
+                   and (scrapes is None or (b.name, b.url) not in self._scraped_here
+                        or scrapes.is_due(b.name))]
         await asyncio.gather(*(self._scrape(b) for b in targets))
+        if scrapes is not None:
+            scrapes.queued()
 
     async def _scrape(self, backend: Backend) -> None:
+        self.num_scrapes_read += 1
         text = await self._get(backend, "/metrics", as_json=False)
         if text is _UNREACHABLE:
             return  # load unknown: the figures age and routing treats it as stale
@@ -296,7 +327,26 @@ class FleetSync:
             cache_config = parse_vllm_cache_config(text)
             if cache_config.values:
                 backend.learn_profile(cache_config)
-        if not totals:
+        figures: HeardFigures = None
+        if totals:
+            figures = (int(totals.get("running", 0)), int(totals.get("waiting", 0)),
+                       min(1.0, max(0.0, totals.get("kv", 0.0))))
+        self._take_figures(backend, figures, time.monotonic())
+        self._scraped_here.add((backend.name, backend.url))
+        if self._scrapes is not None:
+            self._scrapes.scraped(backend.name, figures)
+
+    def hear_figures(self, name: str, figures: HeardFigures, heard_s: float) -> None:
+        """Another replica's scrape of ``name`` (``ScrapeShare.on_figures``), taken as this
+        replica's own, as of ``heard_s`` (monotonic); ignored for an engine this replica does
+        not list, or hears from by heartbeat."""
+        backend = self._registry.get(name)
+        if backend is None or backend.source != "config" or name in self._epochs:
+            return
+        self._take_figures(backend, figures, heard_s)
+
+    def _take_figures(self, backend: Backend, figures: HeardFigures, observed_s: float) -> None:
+        if figures is None:
             # It answers but exposes no load figures (llama.cpp without --metrics, TGI's
             # other names, any OpenAI-compatible server): the gateway's books are its load.
             if backend.load_source != "books":
@@ -305,11 +355,12 @@ class FleetSync:
             backend.load_source = "books"
             backend.invalidate()
             return
+        self._observe(backend, figures, observed_s)
+
+    def _observe(self, backend: Backend, figures: Figures, observed_s: float) -> None:
         backend.load_source = "metrics"
-        backend.num_running = int(totals.get("running", 0))
-        backend.num_waiting = int(totals.get("waiting", 0))
-        backend.kv_usage = min(1.0, max(0.0, totals.get("kv", 0.0)))
-        backend.load_observed(time.monotonic())
+        backend.num_running, backend.num_waiting, backend.kv_usage = figures
+        backend.load_observed(observed_s)
         if backend.discover_profile:
             inferred = self._saturation.observe(backend.name, backend.num_running,
                                                 backend.num_waiting)

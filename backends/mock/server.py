@@ -230,6 +230,7 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
+    request.app[STATS_KEY].metrics_scrapes += 1
     if not request.app[CONFIG_KEY].serves_metrics:
         raise web.HTTPNotFound()
     text = render_metrics(request.app[STATS_KEY], request.app[CONFIG_KEY].models)

@@ -33,6 +33,7 @@ class MockStats:
     requests_cancelled: int = 0
     requests_aborted: int = 0
     in_flight: int = 0
+    metrics_scrapes: int = 0  # GETs of /metrics answered
     num_running_by_model: dict[str, int] = field(default_factory=dict)
     num_waiting_by_model: dict[str, int] = field(default_factory=dict)
     num_success_by_model_reason: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -61,6 +62,7 @@ class MockStats:
         """Zero the counters; the in-flight gauges keep tracking live requests."""
         self.requests_started = self.requests_completed = 0
         self.requests_cancelled = self.requests_aborted = 0
+        self.metrics_scrapes = 0
         self.num_success_by_model_reason.clear()
         self.last_headers = None
         self.last_body = None
@@ -73,6 +75,7 @@ class MockStats:
             "requests_cancelled": self.requests_cancelled,
             "requests_aborted": self.requests_aborted,
             "in_flight": self.in_flight,
+            "metrics_scrapes": self.metrics_scrapes,
             "last_headers": {name.lower(): value for name, value in headers.items()},
             "last_body": self.last_body,
         }

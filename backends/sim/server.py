@@ -263,6 +263,7 @@ def sim_models_page(core: SimEngineCore) -> dict[str, Any]:
 
 
 async def _health(request: web.Request) -> web.Response:
+    request.app[WORKER].num_pages_served["/health"] += 1
     return json_response(HEALTH_BODY)
 
 
@@ -270,6 +271,7 @@ async def _profile(request: web.Request) -> web.Response:
     worker = request.app[WORKER]
     body = {"worker_id": worker.worker_id, "profile": worker.profile.to_json(),
             "load": worker.load(), "num_steps": worker.num_steps,
+            "pages_served": worker.num_pages_served,
             "total_lateness_s": worker.total_lateness_s, "max_lateness_s": worker.max_lateness_s}
     return json_response(body)
 
@@ -284,6 +286,7 @@ async def _reset_prefix_cache(request: web.Request) -> web.Response:
 
 async def _metrics(request: web.Request) -> web.Response:
     worker = request.app[WORKER]
+    worker.num_pages_served["/metrics"] += 1
     label = f'model_name="{worker.profile.model}"'
     lines = [
         *core_metrics_lines(worker.core),

@@ -127,6 +127,8 @@ class SimWorker:
         self.num_requests_finished: dict[str, int] = {}
         self.num_prompt_tokens_total = 0
         self.num_generation_tokens_total = 0
+        # GETs of /metrics and /health served: what the gateways' scrapes and probes cost it.
+        self.num_pages_served = {"/metrics": 0, "/health": 0}
 
     def submit(
         self, seq_id: str, prompt_ids: list[int], max_tokens: int, cache_salt: str | None = None

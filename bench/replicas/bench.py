@@ -40,11 +40,12 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import redis
 import yaml
 
@@ -153,6 +154,18 @@ def redis_calls(url: str | None) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
 
 
+def engine_pages(worker_urls: Iterable[str]) -> dict[str, int]:
+    """The ``/metrics`` and ``/health`` GETs the simulated engines have served so far, all
+    of them together (``backends/sim/server.py``'s ``/sim/profile``)."""
+    served: dict[str, int] = {}
+    with httpx.Client(timeout=5.0) as client:
+        for url in worker_urls:
+            pages = client.get(url.rstrip("/") + "/sim/profile").json().get("pages_served", {})
+            for path, count in pages.items():
+                served[path] = served.get(path, 0) + int(count)
+    return served
+
+
 def calls_between(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, int]:
     """The calls of each command from ``before`` to ``after`` (the ``INFO`` that read
     ``before`` left out), those with any."""
@@ -194,6 +207,7 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
                                                    _own_cpu_s())
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         calls_before = redis_calls(fleet.local.redis_url)
+        pages_before = engine_pages(fleet.front.worker_urls.values())
         tenants = _tenants(fleet, settings)
         specs = WORKLOADS["shared-prefix"](settings.options, tenants, settings.seed)
         ballast_cpu_s = 0.0
@@ -206,8 +220,13 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
             run = drive_front(fleet, specs, load)
         cpu_s = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
         calls = calls_between(calls_before, redis_calls(fleet.local.redis_url))
+        pages_after = engine_pages(fleet.front.worker_urls.values())
         fleet_cpu_s = sum(cpu_s.values())
         elapsed_s = time.monotonic() - window_started
+        # What the gateways' scrapes and probes asked of each engine, a second
+        pages_per_engine_s = {
+            path: (count - pages_before.get(path, 0)) / len(fleet.front.worker_urls) / elapsed_s
+            for path, count in pages_after.items()}
         own_cpu_s = _own_cpu_s() - own_before
         others_cores = (busy_cpu_seconds() - busy_before - fleet_cpu_s - own_cpu_s
                         - ballast_cpu_s) / elapsed_s
@@ -226,7 +245,8 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
     print(f"  {spec.mode:11} N={label:8} ok {figures['num_ok']:5} ttft p90/p99 "
           f"{ttft['p90'] or math.nan:6.0f}/{ttft['p99'] or math.nan:6.0f} ms  cached "
           f"{figures['cached_fraction'] or math.nan:.3f}  Redis calls/request "
-          f"{calls_per_request:.1f}  "
+          f"{calls_per_request:.1f}  /metrics per engine per s "
+          f"{pages_per_engine_s.get('/metrics', math.nan):.2f}  "
           f"({time.monotonic() - started:.0f} s)", file=sys.stderr)
     return {"label": label, "num_replicas": spec.num_replicas, "is_shared": spec.is_shared,
             "per_replica": run.per_replica, "fleet_cores": fleet_cpu_s / elapsed_s,
@@ -237,6 +257,8 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
             "fleet": {k: v for k, v in fleet.front.backends.items() if k != "backends"},
             # Redis commands served while the workload ran, and per request sent
             "redis_calls": calls, "redis_calls_per_request": calls_per_request,
+            # GETs of /metrics and /health each engine served a second over the same window
+            "engine_pages_per_s": pages_per_engine_s,
             **figures, "extras": extras, "records": request_records(result.records, ideal)}
 
 

@@ -121,6 +121,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--share-lessons", choices=("on", "off"), default="on",
         help="replicas that share claims also share what responses taught them about each "
              "backend's claim lifetime (off: each learns from its own responses only)")
+    add("--share-scrapes", choices=("on", "off"), default="on",
+        help="third-party: replicas share their /metrics scrapes (routing.share_scrapes; off: "
+             "each replica scrapes every engine itself)")
     add("--share-flush-ms", type=float, default=FLUSH_INTERVAL_S * 1000,
         help="sy:approx batching interval and XREAD block (0: claims reach replicas at once)")
     add("--share-rtt-ms", type=float, default=1.0, help="sy:approx: a Redis round trip")
@@ -239,6 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        share_flush_s=args.share_flush_ms / 1000,
                        share_rtt_s=args.share_rtt_ms / 1000,
                        share_lessons=args.share_lessons == "on",
+                       share_scrapes=args.share_scrapes == "on",
                        share_push_s=(None if args.share_push_ms is None
                                      else args.share_push_ms / 1000),
                        share_lazy_s=args.share_lazy_ms / 1000)

@@ -56,6 +56,9 @@ class SimConfig:
     share_approx: bool = True
     share_lessons: bool = True  # and what responses taught each about claim lifetimes
     peer_load: bool = True
+    # Third-party: the replicas share their /metrics scrapes (backends/fleet/scrape_share.py):
+    # an engine is scraped by the first replica whose tick finds nobody's figures fresh.
+    share_scrapes: bool = True
     share_flush_s: float = FLUSH_INTERVAL_S  # ApproxIndexSync's batching / XREAD block
     share_rtt_s: float = 0.001  # a Redis round trip
     # Not None: a writer task of its own flushes as the books change, at most once per round

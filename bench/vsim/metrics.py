@@ -115,6 +115,8 @@ class RunResult:
     is_peer_load: bool = True  # they count each other's requests in flight (always, with one)
     # sy:approx flushes (pipelines, each a wake-up of every other replica) per request
     flushes_per_request: float = 0.0
+    # Third-party: /metrics scrapes each engine answered a second, all replicas together
+    scrapes_per_engine_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

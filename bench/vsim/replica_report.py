@@ -66,6 +66,9 @@ def replica_rows(results: Sequence[RunResult]) -> list[dict[str, Any]]:
             many = getattr(result, field) * scale
             row[name] = {"one": one, "many": many, "ratio": ratio_of(many, one)}
         row["flushes_per_request"] = result.flushes_per_request
+        row["scrapes_per_engine_s"] = {
+            "one": None if base is None else base.scrapes_per_engine_s,
+            "many": result.scrapes_per_engine_s}
         rows.append(row)
     return rows
 
@@ -87,12 +90,22 @@ def replica_table(rows: Iterable[Mapping[str, Any]]) -> str:
         return ratio_cell(pair, "one", "many", digits)
 
     lines = ["| mode | profile | replicas | approx index | peer load | TTFT p90 (ms) "
-             "| TTFT p99 (ms) | cached share | missed (%) | flushes / request |",
-             "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| TTFT p99 (ms) | cached share | missed (%) | flushes / request "
+             "| scrapes / engine / s |",
+             "| --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         lines.append(f"| {r['mode']} | {r['profile']} | {r['num_replicas']} | {r['sharing']} "
                      f"| {r['peer_load']} "
                      f"| {cell(r['ttft_p90_ms'], 0)} | {cell(r['ttft_p99_ms'], 0)} "
                      f"| {cell(r['cached_fraction'], 3)} | {cell(r['missed_percent'], 2)} "
-                     f"| {r.get('flushes_per_request', 0.0):.2f} |")
+                     f"| {r.get('flushes_per_request', 0.0):.2f} "
+                     f"| {_scrapes_cell(r.get('scrapes_per_engine_s'))} |")
     return "\n".join(lines)
+
+
+def _scrapes_cell(pair: Mapping[str, Any] | None) -> str:
+    """1 replica / N replicas, or n/a in own mode (nothing is scraped)."""
+    if not pair or not pair.get("many"):
+        return "n/a"
+    one = pair.get("one")
+    return f"{one:.2f} / {pair['many']:.2f}" if one else f"{pair['many']:.2f}"

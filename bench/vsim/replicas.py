@@ -7,7 +7,10 @@ replica has
 - its own ``Backend`` records: the in-flight books of the requests it sent itself, and the
   engines' load figures as its own ``FleetSync`` last read them: the heartbeats at its own
   polls (own fleet), or ``/metrics`` at its own scrapes (third-party); replica ``r``'s polls
-  and scrapes run ``r / N`` of an interval after replica 0's;
+  and scrapes run ``r / N`` of an interval after replica 0's; with ``SimConfig.share_scrapes``
+  (third-party, as ``routing.share_scrapes``) a replica scrapes only the engines whose
+  figures, its own or heard, are old, and the others hear what it read a Redis round trip
+  later (``bench/vsim/sim.py``);
 - its own router and approximate index (learned from its own decisions and cache feedback),
   which hears the other replicas' claims through ``sy:approx`` (``bench/vsim/approx_share.py``)
   unless sharing is off;
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field
 from backends.fleet.peer_load import PeerLoad
 from backends.fleet.profiles import heartbeat_facts
 from backends.fleet.registry import Backend
+from backends.fleet.scrape_share import FRESH_SHARE, ScrapeShare
 from backends.sim.core import SimEngineCore
 from bench.vsim.approx_share import ApproxShare, no_clock
 from bench.vsim.config import SimConfig
@@ -94,7 +98,12 @@ def build_replicas(config: SimConfig, cores: Sequence[SimEngineCore]) -> list[Re
         else:  # listed in backends: with no profile: stated; everything else is discovered
             backends = [Backend(f"w{i}", f"vsim://w{i}", models)
                         for i in range(config.num_workers)]
-            pages = EnginePages(backends, cores)
+            scrapes = None
+            if config.num_replicas > 1 and config.share_scrapes:
+                scrapes = ScrapeShare(f"r{r}", fresh_s=FRESH_SHARE * config.scrape_interval_s)
+            pages = EnginePages(backends, cores, scrapes=scrapes)
+            if scrapes is not None:
+                scrapes.clock = lambda pages=pages: pages.now_s  # type: ignore[misc]
         router = VirtualRouter(
             backends, routing_profile, index_mode, model=worker.model,
             block_size=worker.block_size, max_age_s=config.max_age_s,

@@ -19,6 +19,11 @@ size, KV capacity and context length as discovered, and a max batch only once
 stamps the load with ``time.monotonic()``; the simulation's clock replaces that stamp. The
 fetches answer at once, so their coroutines finish in one ``send`` with no event loop.
 
+With ``scrapes`` (several replicas, ``routing.share_scrapes``) each replica's ``EnginePages``
+carries its own ``ScrapeShare``, as ``gateway/app.py`` gives ``FleetSync`` one: the simulation
+asks it which engines are due, and carries its entries to the other replicas'
+(``bench/vsim/sim.py``).
+
 Example::
 
     pages = EnginePages(backends, cores)
@@ -34,6 +39,7 @@ from typing import Any, cast
 import aiohttp
 
 from backends.fleet.registry import Backend, BackendRegistry
+from backends.fleet.scrape_share import ScrapeShare
 from backends.fleet.sync import FleetSync
 from backends.sim.core import SimEngineCore
 from backends.sim.server import core_metrics_lines, sim_models_page
@@ -42,12 +48,18 @@ from backends.sim.server import core_metrics_lines, sim_models_page
 class EnginePages(FleetSync):
     """``FleetSync`` reading simulated engines' pages; see the module docstring."""
 
-    def __init__(self, backends: Sequence[Backend], cores: Sequence[SimEngineCore]) -> None:
+    def __init__(self, backends: Sequence[Backend], cores: Sequence[SimEngineCore], *,
+                 scrapes: ScrapeShare | None = None) -> None:
         if len(backends) != len(cores):
             raise ValueError(f"{len(backends)} backends for {len(cores)} engines")
         # No Redis (no heartbeats, no KV events) and no HTTP session: _get is the only I/O.
+        # ``scrapes``: this replica's share of the replicas' scrapes (``bench/vsim/sim.py``
+        # sends its entries), on ``now_s`` as its clock.
         super().__init__(BackendRegistry(list(backends)), None,
-                         cast(aiohttp.ClientSession, None), discover_workers=False)
+                         cast(aiohttp.ClientSession, None), discover_workers=False,
+                         scrapes=scrapes)
+        self.scrapes = scrapes
+        self.now_s = 0.0  # the simulation's clock, as of the last scrape
         self.backends = list(backends)
         self._cores = {b.name: core for b, core in zip(backends, cores, strict=True)}
         self.num_scrapes = 0
@@ -63,6 +75,7 @@ class EnginePages(FleetSync):
     def scrape(self, index: int, now_s: float) -> None:
         """One ``/metrics`` scrape of backend ``index`` (``FleetSync._scrape``) at ``now_s``."""
         backend = self.backends[index]
+        self.now_s = now_s
         _run_at_once(self._scrape(backend))
         if backend.load_source == "metrics":
             backend.load_observed(now_s, is_new=False)  # FleetSync's stamp is the wall clock's

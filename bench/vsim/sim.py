@@ -62,6 +62,8 @@ from collections import deque
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
 
+import orjson
+
 from backends.engine_core.block_manager import KvEvent
 from backends.engine_core.sequence import Sequence
 from backends.sim.core import SimEngineCore
@@ -83,7 +85,8 @@ from bench.vsim.replicas import (
 from bench.vsim.workloads import VRequest, Workload
 from gateway.router import RoutePlan
 
-_STEP_END, _ARRIVAL, _HEARTBEAT, _STALE, _DISPATCH, _POLL, _SCRAPE, _SHARE = 0, 1, 2, 3, 4, 5, 6, 7
+(_STEP_END, _ARRIVAL, _HEARTBEAT, _STALE, _DISPATCH, _POLL, _SCRAPE, _SHARE,
+ _SCRAPES_HEARD) = 0, 1, 2, 3, 4, 5, 6, 7, 8
 
 
 @dataclass(slots=True)
@@ -148,6 +151,11 @@ class Simulation:
         self._in_flight: dict[str, _InFlight] = {}
         self._arrival_rng = random.Random(f"{config.seed}:vsim-arrivals")
         self._num_arrived = 0
+        # Shared scrapes on their way to the other replicas: (sender, payload); an event
+        # names one by its place here.
+        self._scrape_entries: list[tuple[int, bytes]] = []
+        self._num_round_scrapes = 0  # /metrics pages read in scrape rounds (not first looks)
+        self.index_of = {b.name: i for i, b in enumerate(self.backends)}
 
     def _push(self, at_s: float, kind: int, worker: int) -> None:
         self._num_events += 1
@@ -189,6 +197,7 @@ class Simulation:
                 assert replica.pages is not None
                 replica.pages.first_look_at(0.0)
                 self._scraped(r, range(config.num_workers), 0.0)
+                self._send_scrapes(r, 0.0)
                 interval_s = config.scrape_interval_s
                 self._push(interval_s + self._phase_s(r, interval_s), _SCRAPE, r)
         if self.share is not None:
@@ -196,6 +205,7 @@ class Simulation:
         self._push(self._next_arrival_s(0.0), _ARRIVAL, -1)
         heap = self._heap
         pop = heapq.heappop
+        now_s = 0.0
         while heap:
             now_s, _, kind, worker = pop(heap)
             if kind == _STEP_END:
@@ -213,6 +223,8 @@ class Simulation:
                 self._poll(worker, now_s)
             elif kind == _SCRAPE:
                 self._scrape(worker, now_s)
+            elif kind == _SCRAPES_HEARD:
+                self._scrapes_heard(worker, now_s)
             else:
                 for replica in self.replicas:
                     replica.router.mark_changed(worker)
@@ -230,6 +242,9 @@ class Simulation:
         if self.share is not None and config.num_requests:
             result = replace(result, flushes_per_request=self.share.num_flushes
                              / config.num_requests)
+        if self.pages is not None and now_s > 0:  # over the whole run, warm-up included
+            result = replace(result, scrapes_per_engine_s=self._num_round_scrapes
+                             / config.num_workers / now_s)
         return result
 
     def _next_arrival_s(self, now_s: float) -> float:
@@ -362,14 +377,43 @@ class Simulation:
         ones do not answer (their figures age)."""
         pages = self.replicas[r].pages
         assert pages is not None
-        answering = range(self.config.num_silent_workers, self.config.num_workers)
+        answering: Seq[int] = range(self.config.num_silent_workers, self.config.num_workers)
+        scrapes = pages.scrapes
+        if scrapes is not None:  # shared: only the engines whose figures are old here
+            answering = [w for w in answering
+                         if scrapes.is_due(pages.backends[w].name, now_s)]
         for worker in answering:
             pages.scrape(worker, now_s)
+        self._num_round_scrapes += len(answering)
         self._scraped(r, answering, now_s)
+        self._send_scrapes(r, now_s)
         if self._has_work():
             self._push(now_s + self.config.scrape_interval_s, _SCRAPE, r)
 
-    def _scraped(self, r: int, workers: range, now_s: float) -> None:
+    def _send_scrapes(self, r: int, now_s: float) -> None:
+        """What replica ``r`` read in its scrape round goes on ``sy:approx``, and reaches
+        every other replica a round trip on."""
+        pages = self.replicas[r].pages
+        entry = None if pages is None or pages.scrapes is None else pages.scrapes.entry()
+        if entry is not None:
+            self._scrape_entries.append((r, entry["m"]))
+            self._push(now_s + self.config.share_rtt_s, _SCRAPES_HEARD,
+                       len(self._scrape_entries) - 1)
+
+    def _scrapes_heard(self, index: int, now_s: float) -> None:
+        """Replica ``r``'s shared scrape reaches the others (``ScrapeShare.merge``, which
+        hands each engine's figures to their ``FleetSync.hear_figures``)."""
+        r, payload = self._scrape_entries[index]
+        self._scrape_entries[index] = (r, b"")
+        workers = [self.index_of[name] for name in orjson.loads(payload)]
+        for other, replica in enumerate(self.replicas):
+            if other == r or replica.pages is None or replica.pages.scrapes is None:
+                continue
+            replica.pages.scrapes.merge(f"r{r}", payload, now_s)
+            for worker in workers:
+                replica.router.mark_changed(worker)
+
+    def _scraped(self, r: int, workers: Seq[int], now_s: float) -> None:
         config = self.config
         router = self.replicas[r].router
         for worker in workers:

@@ -365,3 +365,44 @@ def test_replicas_share_what_responses_taught_them(share_lessons: bool) -> None:
     else:
         assert simulation.share.num_lessons_sent == 0
         assert ttls[0] != ttls[1]
+
+
+@pytest.mark.parametrize("share_scrapes", [True, False])
+def test_replicas_share_their_scrapes(share_scrapes: bool) -> None:
+    """Third-party, 4 replicas: with shared scrapes each engine is read about once a scrape
+    interval in all (replica 0's tick comes first; the others hear its figures a round trip
+    later and skip), and every replica's figures are as fresh as one replica's; without, each
+    replica reads every engine itself."""
+    config = replace(THIRD_PARTY, num_replicas=4, share_scrapes=share_scrapes)
+    simulation = run_sequential(config)
+    per_engine_s = (sum(r.pages.num_scrapes for r in simulation.replicas if r.pages)
+                    - 4 * config.num_workers) / config.num_workers / SEQUENTIAL[-1]
+    if share_scrapes:
+        assert 0.9 <= per_engine_s <= 1.2
+        assert all(r.pages is not None and r.pages.scrapes is not None
+                   for r in simulation.replicas)
+        heard = [r.pages.scrapes.num_heard for r in simulation.replicas[1:]
+                 if r.pages is not None and r.pages.scrapes is not None]
+        assert min(heard) > config.num_workers * SEQUENTIAL[-1] * 0.8
+    else:
+        assert 3.6 <= per_engine_s <= 4.4
+    # Every replica routes on a current view either way: no backend's figures are older than
+    # an interval plus the round trip.
+    end_s = max(r.pages.now_s for r in simulation.replicas if r.pages is not None)
+    for replica in simulation.replicas:
+        for backend in replica.backends:
+            assert backend.load_observed_s is not None
+            assert end_s - backend.load_observed_s <= config.scrape_interval_s * 1.01 + 0.002
+
+
+def test_the_run_counts_scrapes_per_engine() -> None:
+    """``RunResult.scrapes_per_engine_s``: about one a second shared, one per replica not."""
+    workload = SharedPrefix(OPTIONS, num_groups=6, seed=1)
+    shared = Simulation(replace(THIRD_PARTY, num_replicas=4), workload, SEQUENTIAL).run()
+    alone = Simulation(replace(THIRD_PARTY, num_replicas=4, share_scrapes=False),
+                       SharedPrefix(OPTIONS, num_groups=6, seed=1), SEQUENTIAL).run()
+    own = Simulation(replace(THIRD_PARTY, mode="own", profile="prefix_affinity"),
+                     SharedPrefix(OPTIONS, num_groups=6, seed=1), SEQUENTIAL).run()
+    assert 0.9 <= shared.scrapes_per_engine_s <= 1.2
+    assert 3.6 <= alone.scrapes_per_engine_s <= 4.4
+    assert own.scrapes_per_engine_s == 0.0
