@@ -52,7 +52,9 @@ class HealthChecker:
         return ok
 
     async def probe_all(self) -> None:
-        # Workers that heartbeat are judged by their heartbeat; probe the configured ones.
+        # Every backend, heartbeat workers too: one whose heartbeat goes on while its HTTP
+        # server does not answer is down for requests. Not shared among replicas (as scrapes
+        # are, backends.fleet.scrape_share): whether this replica reaches it is its own.
         await asyncio.gather(
             *(self.probe(b) for b in self._registry.backends))
 

@@ -308,14 +308,18 @@ class FleetSync:
 
     # -- engines switchyard did not start: scrape /metrics ------------------------------
     async def scrape_metrics(self) -> None:
+        await asyncio.gather(*(self._scrape(b) for b in self.scrape_round()))
+        if self._scrapes is not None:
+            self._scrapes.queued()
+
+    def scrape_round(self) -> list[Backend]:
+        """The listed engines to scrape this round: all of them, or with shared scrapes
+        those whose figures, read here or heard, are old (and each once at least)."""
         scrapes = self._scrapes
-        targets = [b for b in self._registry.backends
-                   if b.source == "config" and b.name not in self._epochs
-                   and (scrapes is None or (b.name, b.url) not in self._scraped_here
-                        or scrapes.is_due(b.name))]
-        await asyncio.gather(*(self._scrape(b) for b in targets))
-        if scrapes is not None:
-            scrapes.queued()
+        return [b for b in self._registry.backends
+                if b.source == "config" and b.name not in self._epochs
+                and (scrapes is None or (b.name, b.url) not in self._scraped_here
+                     or scrapes.is_due(b.name))]
 
     async def _scrape(self, backend: Backend) -> None:
         self.num_scrapes_read += 1

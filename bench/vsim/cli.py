@@ -121,7 +121,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--share-lessons", choices=("on", "off"), default="on",
         help="replicas that share claims also share what responses taught them about each "
              "backend's claim lifetime (off: each learns from its own responses only)")
-    add("--share-scrapes", choices=("on", "off"), default="on",
+    add("--share-scrapes", choices=("on", "off"), default="off",
         help="third-party: replicas share their /metrics scrapes (routing.share_scrapes; off: "
              "each replica scrapes every engine itself)")
     add("--share-flush-ms", type=float, default=FLUSH_INTERVAL_S * 1000,

@@ -58,7 +58,7 @@ class SimConfig:
     peer_load: bool = True
     # Third-party: the replicas share their /metrics scrapes (backends/fleet/scrape_share.py):
     # an engine is scraped by the first replica whose tick finds nobody's figures fresh.
-    share_scrapes: bool = True
+    share_scrapes: bool = False
     share_flush_s: float = FLUSH_INTERVAL_S  # ApproxIndexSync's batching / XREAD block
     share_rtt_s: float = 0.001  # a Redis round trip
     # Not None: a writer task of its own flushes as the books change, at most once per round

@@ -380,8 +380,9 @@ class Simulation:
         answering: Seq[int] = range(self.config.num_silent_workers, self.config.num_workers)
         scrapes = pages.scrapes
         if scrapes is not None:  # shared: only the engines whose figures are old here
-            answering = [w for w in answering
-                         if scrapes.is_due(pages.backends[w].name, now_s)]
+            pages.now_s = now_s
+            due = {b.name for b in pages.scrape_round()}
+            answering = [w for w in answering if pages.backends[w].name in due]
         for worker in answering:
             pages.scrape(worker, now_s)
         self._num_round_scrapes += len(answering)

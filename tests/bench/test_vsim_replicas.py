@@ -398,7 +398,8 @@ def test_replicas_share_their_scrapes(share_scrapes: bool) -> None:
 def test_the_run_counts_scrapes_per_engine() -> None:
     """``RunResult.scrapes_per_engine_s``: about one a second shared, one per replica not."""
     workload = SharedPrefix(OPTIONS, num_groups=6, seed=1)
-    shared = Simulation(replace(THIRD_PARTY, num_replicas=4), workload, SEQUENTIAL).run()
+    shared = Simulation(replace(THIRD_PARTY, num_replicas=4, share_scrapes=True), workload,
+                        SEQUENTIAL).run()
     alone = Simulation(replace(THIRD_PARTY, num_replicas=4, share_scrapes=False),
                        SharedPrefix(OPTIONS, num_groups=6, seed=1), SEQUENTIAL).run()
     own = Simulation(replace(THIRD_PARTY, mode="own", profile="prefix_affinity"),

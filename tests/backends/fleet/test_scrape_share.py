@@ -243,3 +243,4 @@ async def test_a_replica_scrapes_each_engine_itself_once_then_only_when_due() ->
         backend.url = new_url  # as a reload that moved it
         await fleet.scrape_metrics()
         assert len(moved.scrapes) == 1 and len(engine.scrapes) == 1
+
