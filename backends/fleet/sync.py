@@ -128,9 +128,10 @@ class FleetSync:
         self._scrapes = scrapes
         if scrapes is not None:
             scrapes.on_figures = self.hear_figures
-        # Listed engines (name, URL) this replica has scraped itself: each once at least, for
-        # the cache configuration its page carries and the shared figures do not.
-        self._scraped_here: set[tuple[str, str]] = set()
+        # Listed engines this replica has scraped itself, by name: each once at least, for the
+        # cache configuration its page carries and the shared figures do not (a reload that
+        # changes an engine's URL or models makes it a new Backend, scraped afresh).
+        self._scraped_here: dict[str, Backend] = {}
         self._is_plain_resp = is_plain_resp  # the KV read on a connection of its own
         self._discover_interval_s = discover_interval_s
         self._discover_workers = discover_workers and redis is not None
@@ -318,7 +319,7 @@ class FleetSync:
         scrapes = self._scrapes
         return [b for b in self._registry.backends
                 if b.source == "config" and b.name not in self._epochs
-                and (scrapes is None or (b.name, b.url) not in self._scraped_here
+                and (scrapes is None or self._scraped_here.get(b.name) is not b
                      or scrapes.is_due(b.name))]
 
     async def _scrape(self, backend: Backend) -> None:
@@ -336,7 +337,7 @@ class FleetSync:
             figures = (int(totals.get("running", 0)), int(totals.get("waiting", 0)),
                        min(1.0, max(0.0, totals.get("kv", 0.0))))
         self._take_figures(backend, figures, time.monotonic())
-        self._scraped_here.add((backend.name, backend.url))
+        self._scraped_here[backend.name] = backend
         if self._scrapes is not None:
             self._scrapes.scraped(backend.name, figures)
 

@@ -224,10 +224,9 @@ async def test_heard_figures_load_a_listed_engine_and_nothing_else() -> None:
 
 async def test_a_replica_scrapes_each_engine_itself_once_then_only_when_due() -> None:
     """Fresh figures heard from another replica spare the scrape, but not the first one (the
-    page's cache configuration is not shared), and a reload that moves the engine to a new
-    URL makes it a new engine."""
-    async with _engine() as (engine, url), _engine() as (moved, new_url), \
-            aiohttp.ClientSession() as session:
+    page's cache configuration is not shared), and a reload that changes the engine's models
+    (a new ``Backend`` under the same name and URL) makes it a new engine."""
+    async with _engine() as (engine, url), aiohttp.ClientSession() as session:
         backend = Backend(name="vllm-0", url=url, models=frozenset({"m"}),
                           discover_profile=False)
         registry = BackendRegistry([backend])
@@ -240,7 +239,9 @@ async def test_a_replica_scrapes_each_engine_itself_once_then_only_when_due() ->
         assert len(engine.scrapes) == 1  # fresh: the scrape of the round before
         entry = scrapes.entry()
         assert entry is not None and orjson.loads(entry["m"]) == {"vllm-0": [2, 1, 0.5]}
-        backend.url = new_url  # as a reload that moved it
+        registry.remove("vllm-0")  # as gateway/reload.py replaces it
+        registry.add(Backend(name="vllm-0", url=url, models=frozenset({"m", "m2"}),
+                             discover_profile=False))
         await fleet.scrape_metrics()
-        assert len(moved.scrapes) == 1 and len(engine.scrapes) == 1
+        assert len(engine.scrapes) == 2
 
