@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.cli.localproc import ProcessGroup, start_redis
@@ -30,14 +29,14 @@ def _load_ages(gateways: list[Gateway]) -> list[float]:
     return ages
 
 
-@pytest.mark.parametrize("share_scrapes", [True, False])
-def test_replicas_scrape_a_listed_engine_once_a_second_in_all(tmp_path: Path,
-                                                              share_scrapes: bool) -> None:
+def test_replicas_scrape_a_listed_engine_once_a_second_in_all(tmp_path: Path) -> None:
+    """With ``routing.share_scrapes``; without it each replica scrapes the engine itself, as
+    ``tests/backends/fleet/test_scrape_share.py`` checks in process."""
     with ProcessGroup(log_dir=tmp_path) as group:
         redis_url = start_redis(group, tmp_path)
         engine = Engine(group, "vllm-0")
         gateways = [Gateway(group, tmp_path, redis_url, [engine.backend_config()],
-                            routing={"share_scrapes": share_scrapes}) for _ in range(2)]
+                            routing={"share_scrapes": True}) for _ in range(2)]
         time.sleep(1.5)  # both past their first look and their random first tick
         before = _scrapes(engine)
         oldest = 0.0
@@ -46,21 +45,15 @@ def test_replicas_scrape_a_listed_engine_once_a_second_in_all(tmp_path: Path,
             oldest = max(oldest, *_load_ages(gateways))
             time.sleep(0.25)
         num_scrapes = _scrapes(engine) - before
-        # Two replicas, each scraping every second: 12 in 6 s; shared: 6, and a tick that
-        # falls within a round trip of the other's adds one.
-        if share_scrapes:
-            assert 4 <= num_scrapes <= 9, num_scrapes
-        else:
-            assert num_scrapes >= 10, num_scrapes
-        # Either way each replica's figures are at most about a second old.
+        # Two replicas, each scraping every second, would send 12 in 6 s; shared, 6, and a
+        # tick that falls within a round trip of the other's adds one.
+        assert 4 <= num_scrapes <= 9, num_scrapes
+        # Each replica's figures are at most about a second old, read or heard.
         assert oldest < 1.6, oldest
         # Each replica tells how it got them.
         counts = [_scrape_counts(gateway) for gateway in gateways]
         assert sum(c["read"] for c in counts) >= num_scrapes
-        if share_scrapes:
-            assert sum(c["heard"] for c in counts) >= 3
-        else:
-            assert all(c["heard"] == 0 for c in counts)
+        assert sum(c["heard"] for c in counts) >= 3
 
 
 def _scrape_counts(gateway: Gateway) -> dict[str, float]:
