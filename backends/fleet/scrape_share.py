@@ -47,7 +47,7 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -57,15 +57,6 @@ Figures = tuple[int, int, float]  # running, waiting, KV usage (0..1)
 # A backend's figures as heard: None when its engine answers with no load figures.
 HeardFigures = Figures | None
 FRESH_SHARE = 0.9  # fresh_s as a share of the scrape interval
-
-
-def scrapes_of(fields: Mapping[Any, Any]) -> bytes | str | None:
-    """An entry's shared scrape payload, from its fields as read from Redis (bytes keys) or as
-    ``ScrapeShare.entry`` made them; None when it carries none."""
-    value = fields.get(SCRAPE_FIELD)
-    if value is None:
-        value = fields.get(SCRAPE_FIELD.decode())
-    return value if isinstance(value, bytes | str) else None
 
 
 def _figures(row: Any) -> HeardFigures:
@@ -143,8 +134,3 @@ class ScrapeShare:
             self.num_heard += 1
             if self.on_figures is not None:
                 self.on_figures(backend, figures, now_s)
-
-    def forget(self, backend: str) -> None:
-        """``backend`` left the fleet: a new engine under its name is scraped afresh."""
-        self._heard_s.pop(backend, None)
-        self._pending.pop(backend, None)

@@ -57,7 +57,7 @@ from backends.fleet.profiles import (
 )
 from backends.fleet.prom import metric_sums
 from backends.fleet.registry import Backend, BackendRegistry
-from backends.fleet.scrape_share import Figures, HeardFigures, ScrapeShare
+from backends.fleet.scrape_share import HeardFigures, ScrapeShare
 from backends.publisher import (
     WORKERS_ZSET,
     kv_snapshot_key,
@@ -360,9 +360,6 @@ class FleetSync:
             backend.load_source = "books"
             backend.invalidate()
             return
-        self._observe(backend, figures, observed_s)
-
-    def _observe(self, backend: Backend, figures: Figures, observed_s: float) -> None:
         backend.load_source = "metrics"
         backend.num_running, backend.num_waiting, backend.kv_usage = figures
         backend.load_observed(observed_s)

@@ -58,7 +58,6 @@ class EnginePages(FleetSync):
         super().__init__(BackendRegistry(list(backends)), None,
                          cast(aiohttp.ClientSession, None), discover_workers=False,
                          scrapes=scrapes)
-        self.scrapes = scrapes
         self.now_s = 0.0  # the simulation's clock, as of the last scrape
         self.backends = list(backends)
         self._cores = {b.name: core for b, core in zip(backends, cores, strict=True)}
@@ -71,6 +70,11 @@ class EnginePages(FleetSync):
             self.scrape(index, now_s)
         for backend in self.backends:
             _run_at_once(self.discover_profile(backend))
+
+    @property
+    def scrapes(self) -> ScrapeShare | None:
+        """This replica's share of the replicas' scrapes (None: it scrapes alone)."""
+        return self._scrapes
 
     def scrape(self, index: int, now_s: float) -> None:
         """One ``/metrics`` scrape of backend ``index`` (``FleetSync._scrape``) at ``now_s``."""
