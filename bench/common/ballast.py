@@ -23,6 +23,7 @@ import sys
 import time
 from types import TracebackType
 
+from bench.common.pinning import pin
 from bench.common.procstat import cpu_seconds
 
 PERIOD_S = 0.002
@@ -49,11 +50,12 @@ def burn(cores: float, seconds: float, period_s: float = PERIOD_S) -> None:
 class Ballast:
     """``burn`` in a child process for the ``with`` block; ``cores``: what it used."""
 
-    def __init__(self, cores: float, *, max_s: float) -> None:
+    def __init__(self, cores: float, *, max_s: float, cpus: frozenset[int] | None = None) -> None:
         if not 0 < cores <= 1:
             raise ValueError(f"ballast cores must be in (0, 1], got {cores}")
         self.target = cores
         self.max_s = max_s
+        self.cpus = cpus  # the cores it may run on; None: this process's
         self.cores: float | None = None
         self.cpu_s = 0.0  # CPU seconds it used
         self._child: subprocess.Popen[bytes] | None = None
@@ -63,6 +65,8 @@ class Ballast:
         self._child = subprocess.Popen([sys.executable, "-m", "bench.common.ballast",
                                         "--cores", str(self.target), "--seconds",
                                         str(self.max_s)])
+        if self.cpus is not None:
+            pin(self._child.pid, self.cpus)
         self._started = (time.monotonic(), cpu_seconds(self._child.pid))
         return self
 

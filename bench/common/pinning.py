@@ -26,13 +26,18 @@ from pathlib import Path
 
 def pin(pid: int, cpus: frozenset[int]) -> None:
     """Every thread of ``pid`` (and of its children) onto ``cpus``."""
+    pin_threads(pid, cpus)
+    for child in _children(pid):
+        pin(child, cpus)
+
+
+def pin_threads(pid: int, cpus: frozenset[int]) -> None:
+    """Every thread of ``pid`` onto ``cpus``, its children left where they are."""
     for tid in _threads(pid):
         try:
             os.sched_setaffinity(tid, cpus)
         except (ProcessLookupError, PermissionError):
             continue  # a thread that ended since it was listed
-    for child in _children(pid):
-        pin(child, cpus)
 
 
 def _threads(pid: int) -> list[int]:
@@ -78,6 +83,19 @@ class CorePlan:
     def pin_engines(self, pids: Iterable[int]) -> None:
         for pid in pids:
             pin(pid, self.engines)
+
+    def pin_driver(self, pids: Iterable[int]) -> None:
+        """This process's threads (not its children: the fleet stays on ``rest``) and ``pids``
+        onto the engines' core: the load generator and the front, whose work is the same
+        whatever is measured, off the core the gateways share."""
+        pin_threads(os.getpid(), self.engines)
+        for pid in pids:
+            pin(pid, self.engines)
+
+    def unpin_driver(self, pids: Iterable[int]) -> None:
+        pin_threads(os.getpid(), self.rest)
+        for pid in pids:
+            pin(pid, self.rest)
 
     def describe(self) -> dict[str, list[int]]:
         return {"engines": sorted(self.engines), "rest": sorted(self.rest)}

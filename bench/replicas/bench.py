@@ -13,8 +13,10 @@ the run before). Its cached-token share and TTFT p90 / p99 are set over the one-
 Third-party mode also runs N = max with each replica keeping its state in memory
 (``control``: nothing shared), the gap sharing closes.
 
-The simulated engines run on a core of their own (``bench.common.pinning``; ``--no-pin``), as
-engines on GPU hosts would, and after the largest N one replica runs again with a ballast
+The simulated engines run on a core apart from the gateways and Redis (``bench.common.pinning``;
+``--no-pin``), as engines on GPU hosts would, with the front and the load generator beside them
+while the workload runs (their work is the same at every N; ``--driver-with-gateways`` puts
+them on the gateways' core), and after the largest N one replica runs again with a ballast
 burning the extra cores that N's gateway side used (``bench.common.ballast``; the same-CPU
 control, ``--no-ballast``): what is left of N's gap over it is not the replicas' CPU.
 
@@ -92,6 +94,10 @@ class Settings:
     quota_window_s: float = 30.0
     num_revocation_trials: int = 5
     is_pinned: bool = True  # the simulated engines on a core of their own (bench.common.pinning)
+    # The load generator and the front on the engines' core, off the one the gateways share
+    # (with is_pinned): their work is the same at every N, and a real fleet's clients and load
+    # balancer run elsewhere.
+    is_driver_apart: bool = True
     is_extras: bool = True  # convergence, revocation and quota on the largest fleet
     is_ballast: bool = True  # one replica again with the largest fleet's extra CPU burnt
     overrides: tuple[tuple[str, Any], ...] = ()  # gateway settings (ReplicaSpec.overrides)
@@ -200,8 +206,11 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
     extras: dict[str, Any] = {}
     with replica_fleet(spec, settings.workdir / slug) as fleet:
         pids = fleet.pids()
+        driver = [pids["front"]] if plan is not None and settings.is_driver_apart else []
         if plan is not None:
             plan.pin_engines([pids["sim"]])
+            if driver:
+                plan.pin_driver(driver)
         # The window of the CPU figures: from here (the fleet up) to the end of the drive.
         window_started, busy_before, own_before = (time.monotonic(), busy_cpu_seconds(),
                                                    _own_cpu_s())
@@ -212,12 +221,15 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
         specs = WORKLOADS["shared-prefix"](settings.options, tenants, settings.seed)
         ballast_cpu_s = 0.0
         if ballast_cores > 0:
-            with Ballast(ballast_cores, max_s=load.send_s + load.drain_s + 60) as ballast:
+            with Ballast(ballast_cores, max_s=load.send_s + load.drain_s + 60,
+                         cpus=plan.rest if plan is not None else None) as ballast:
                 run = drive_front(fleet, specs, load)
             extras["ballast"] = {"target_cores": ballast_cores, "cores": ballast.cores}
             ballast_cpu_s = ballast.cpu_s
         else:
             run = drive_front(fleet, specs, load)
+        if plan is not None and driver:
+            plan.unpin_driver(driver)
         cpu_s = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
         calls = calls_between(calls_before, redis_calls(fleet.local.redis_url))
         pages_after = engine_pages(fleet.front.worker_urls.values())
@@ -254,6 +266,7 @@ def _run_fleet(spec: ReplicaSpec, settings: Settings, label: str, plan: CorePlan
             "process_cores": {name: used_s / elapsed_s for name, used_s in cpu_s.items()},
             "own_cores": own_cpu_s / elapsed_s,
             "cores": None if plan is None else plan.describe(),
+            "driver_apart": bool(driver),
             "fleet": {k: v for k, v in fleet.front.backends.items() if k != "backends"},
             # Redis commands served while the workload ran, and per request sent
             "redis_calls": calls, "redis_calls_per_request": calls_per_request,
@@ -271,12 +284,16 @@ def request_records(records: Sequence[Record], ideal: Mapping[int, int]
 
 
 def gateway_side_cores(run: Mapping[str, Any]) -> float:
-    """The cores a run used beside the engines: its gateways, Redis, the front and this
-    process (the load generator); the engines too when they were not on a core of their own."""
+    """The cores a run used on the gateways' core: its gateways and Redis, and the front and
+    this process (the load generator) unless they ran beside the engines; the engines too when
+    they were not on a core of their own."""
     apart = run.get("cores") is not None
+    driver_apart = bool(run.get("driver_apart"))
     process_cores: Mapping[str, float] = run["process_cores"]
-    return float(run["own_cores"]) + sum(cores for name, cores in process_cores.items()
-                                         if not (apart and name == "sim"))
+    beside_engines = {"sim", "front"} if driver_apart else {"sim"}
+    return (0.0 if driver_apart else float(run["own_cores"])) + sum(
+        cores for name, cores in process_cores.items()
+        if not (apart and name in beside_engines))
 
 
 def run_mode(mode: Mode, settings: Settings, num_kv_blocks: int) -> dict[str, Any]:
@@ -346,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-pin", action="store_true",
                         help="leave the simulated engines on the cores everything else uses "
                              "(default: a core of their own, as engines on GPU hosts have)")
+    parser.add_argument("--driver-with-gateways", action="store_true",
+                        help="the load generator and the front on the gateways' core (default: "
+                             "on the engines', leaving the gateways' core to them and Redis)")
     parser.add_argument("--no-ballast", action="store_true",
                         help="skip one replica again with the largest fleet's extra CPU burnt "
                              "beside it (the same-CPU control)")
@@ -384,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
                         warmup_s=args.warmup, seed=args.seed, kv_fraction=args.kv_fraction,
                         speed_factor=args.speed_factor, is_repeat=not args.no_repeat,
                         is_control=not args.no_control, is_pinned=not args.no_pin,
+                        is_driver_apart=not args.driver_with_gateways,
                         is_extras=not args.no_extras, is_ballast=not args.no_ballast,
                         overrides=overrides,
                         quota_window_s=args.quota_window,
@@ -411,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": dict(settings.overrides),
         "cores": (plan.describe() if settings.is_pinned and (plan := CorePlan.split())
                   else None),
+        "driver_apart": settings.is_driver_apart and settings.is_pinned,
         "quota": {"rpm": settings.quota_rpm, "tpm": settings.quota_tpm,
                   "window_s": settings.quota_window_s}}
     results["targets"] = verdicts({mode: results[key_of(mode)] for mode in modes})

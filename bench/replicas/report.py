@@ -101,21 +101,25 @@ def same_cpu_line(same: Mapping[str, Any]) -> str:
             f"{_ratio(ratio.get('ttft_p99_ms'))}, cached {_ratio(ratio.get('cached_fraction'))}.")
 
 
-def _cores(cores: Mapping[str, Any] | None) -> str:
+def _cores(cores: Mapping[str, Any] | None, driver_apart: bool = False) -> str:
     if not cores:
         return "the simulated engines share every core with the rest"
-    return (f"the simulated engines on core {', '.join(map(str, cores['engines']))}, the "
-            f"gateways, Redis, the front and the load generator on "
-            f"{', '.join(map(str, cores['rest']))}")
+    engines, rest = (", ".join(map(str, cores[key])) for key in ("engines", "rest"))
+    if driver_apart:
+        return (f"the simulated engines, the front and the load generator on core {engines}, "
+                f"the gateways and Redis on {rest}")
+    return (f"the simulated engines on core {engines}, the gateways, Redis, the front and the "
+            f"load generator on {rest}")
 
 
 def document_markdown(results: Mapping[str, Any]) -> str:
     """Every mode's tables, the control run and the verdicts."""
+    config = results["config"]
     parts = [f"Replicas measured as one: {results['config']['date']}, "
              f"{results['config']['rate_per_s']} req/s for {results['config']['send_s']:g} s "
              f"(the first {results['config']['warmup_s']:g} s left out), KV "
              f"{results['kv']['num_kv_blocks']} blocks a worker; "
-             f"{_cores(results['config'].get('cores'))}."]
+             f"{_cores(config.get('cores'), bool(config.get('driver_apart')))}."]
     for mode in results["modes"]:
         mode_results = results[key_of(mode)]
         parts += [f"\n## {mode}\n", runs_table(mode_results)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -18,6 +19,15 @@ def test_a_ballast_burns_about_what_it_was_asked_and_stops() -> None:
     assert ballast.cpu_s == pytest.approx(ballast.cores * 1.5, rel=0.2)
     child = ballast._child
     assert child is not None and child.returncode is not None
+
+
+def test_a_ballast_runs_on_the_cores_it_was_given() -> None:
+    one = frozenset(sorted(os.sched_getaffinity(0))[-1:])
+    with Ballast(0.1, max_s=30, cpus=one) as ballast:
+        child = ballast._child
+        assert child is not None
+        assert frozenset(os.sched_getaffinity(child.pid)) == one
+    assert ballast.cores is not None
 
 
 def test_burn_ends_by_its_deadline() -> None:

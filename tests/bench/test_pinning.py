@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.common.pinning import CorePlan, pin
+from bench.common.pinning import CorePlan, pin, pin_threads
 
 # A parent that starts a thread and a child process, then waits: three tasks to pin.
 _FAMILY = """
@@ -49,6 +49,35 @@ def test_every_thread_and_child_is_pinned(family: tuple[int, int]) -> None:
     pin(parent, first)
     assert _affinities(parent) == {first}
     assert _affinities(child) == {first}
+
+
+def test_pin_threads_leaves_the_children_where_they_are(family: tuple[int, int]) -> None:
+    parent, child = family
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two cores to tell a pinned thread from one left alone")
+    first, everything = frozenset(cpus[:1]), frozenset(cpus)
+    pin(parent, everything)
+    pin_threads(parent, first)
+    assert _affinities(parent) == {first}
+    assert _affinities(child) == {everything}
+
+
+def test_the_driver_goes_beside_the_engines_and_back(family: tuple[int, int]) -> None:
+    parent, child = family
+    plan = CorePlan.split()
+    if plan is None:
+        pytest.skip("needs two cores")
+    before = frozenset(os.sched_getaffinity(0))
+    try:
+        plan.pin_driver([parent])
+        assert frozenset(os.sched_getaffinity(0)) == plan.engines
+        assert _affinities(parent) == {plan.engines} and _affinities(child) == {plan.engines}
+        plan.unpin_driver([parent])
+        assert frozenset(os.sched_getaffinity(0)) == plan.rest
+        assert _affinities(child) == {plan.rest}
+    finally:
+        pin_threads(os.getpid(), before)
 
 
 def test_a_plan_splits_the_cores_this_process_may_use() -> None:

@@ -34,11 +34,13 @@ def test_set_dotted_makes_sections_and_keeps_the_rest() -> None:
         set_dotted(settings, "routing.profile.x", 1)
 
 
-def _run(sim: float, gateways: list[float], own: float, *, apart: bool) -> dict[str, Any]:
+def _run(sim: float, gateways: list[float], own: float, *, apart: bool,
+         driver_apart: bool = False) -> dict[str, Any]:
     cores = {"sim": sim, "redis": 0.01, "front": 0.05}
     cores.update({f"gateway-{i}": c for i, c in enumerate(gateways)})
     return {"process_cores": cores, "own_cores": own,
-            "cores": {"engines": [0], "rest": [1]} if apart else None}
+            "cores": {"engines": [0], "rest": [1]} if apart else None,
+            "driver_apart": driver_apart}
 
 
 def test_the_engines_count_beside_the_gateways_only_when_they_share_their_cores() -> None:
@@ -47,6 +49,13 @@ def test_the_engines_count_beside_the_gateways_only_when_they_share_their_cores(
     assert gateway_side_cores(four) - gateway_side_cores(one) == pytest.approx(0.24)
     shared = _run(0.2, [0.1], 0.1, apart=False)
     assert gateway_side_cores(shared) == pytest.approx(0.46)
+
+
+def test_with_the_driver_beside_the_engines_only_the_gateways_and_redis_count() -> None:
+    one = _run(0.2, [0.1], 0.1, apart=True, driver_apart=True)
+    four = _run(0.3, [0.08] * 4, 0.12, apart=True, driver_apart=True)
+    assert gateway_side_cores(one) == pytest.approx(0.11)
+    assert gateway_side_cores(four) - gateway_side_cores(one) == pytest.approx(0.22)
 
 
 def test_the_same_cpu_line_gives_the_control_and_the_ratios() -> None:
