@@ -256,8 +256,9 @@ class RoutingSettings(_Strict):
     share_push_ms: float = Field(
         1.0, ge=0.0, le=1000.0,
         description="with several replicas: each sends a change of its in-flight counts or "
-                    "index within a Redis round trip plus this many ms; more costs Redis and "
-                    "each replica less CPU, and the others route on older counts")
+                    "index at once, and its next flush at least this many ms later (through "
+                    "redis-py: after the last one's reply and this); more costs Redis and each "
+                    "replica less CPU, and the others route on older counts")
     share_lazy_ms: float = Field(
         50.0, ge=0.0, le=1000.0,
         description="with several replicas: a change that only lowers a replica's in-flight "

@@ -51,6 +51,7 @@ import contextlib
 import logging
 import struct
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -71,6 +72,20 @@ Lesson = tuple[str, float, bool]  # (backend, claim age in seconds, hit): Approx
 FLUSH_INTERVAL_S = 0.1  # the batching interval without a writer task, and the XREAD's block
 PUSH_INTERVAL_S: float | None = 0.001  # the writer task's wait after a flush (None: no writer)
 LAZY_INTERVAL_S = 0.05  # how long a change that only lowers the counts waits for company
+MAX_UNANSWERED = 8  # flushes the writer may have on their way at once (its own connection)
+
+
+def _settle(flushes: deque[asyncio.Future[None]]) -> BaseException | None:
+    """Take the flushes at the front of ``flushes`` that are done; the first Redis error
+    among them (any other error is raised: a bug, not an outage)."""
+    error: BaseException | None = None
+    while flushes and flushes[0].done():
+        exc = flushes.popleft().exception()
+        if exc is not None:
+            if not isinstance(exc, REDIS_ERRORS):
+                raise exc
+            error = error or exc
+    return error
 
 
 def lesson_fields(replica_id: str, lesson: Lesson) -> dict[Any, Any]:
@@ -142,12 +157,12 @@ class ApproxIndexSync:
         self.replica_id = replica_id
         self._ttl_s = ttl_s
         self._flush_interval_s = flush_interval_s
-        # Not None: a writer task of its own (on its own pooled connection) flushes as soon
-        # as ``notify`` says something changed, and then waits for the pipeline's reply and
-        # push_interval_s more before it flushes again (the cap on its rate), so a change goes
-        # out within a round trip or so even while XREAD blocks. None: the read loop flushes
-        # before each XREAD, and a change waits for the next XREAD reply: up to
-        # flush_interval_s when no other replica adds anything.
+        # Not None: a writer task of its own (on its own connection) flushes as soon as
+        # ``notify`` says something changed, then waits push_interval_s before it flushes
+        # again (the cap on its rate; the last flush's reply may still be on its way: see
+        # ``_write_loop``), so a change goes out at once even while XREAD blocks. None: the
+        # read loop flushes before each XREAD, and a change waits for the next XREAD reply:
+        # up to flush_interval_s when no other replica adds anything.
         self._push_interval_s = push_interval_s
         # A change that only lowers this replica's counts (a first token, a stream's last
         # step, a finish: ``notify(urgent=False)``) waits up to lazy_interval_s for the next
@@ -265,6 +280,7 @@ class ApproxIndexSync:
         except BaseException:
             self._pending[:0] = pending
             self._lessons[:0] = lessons
+            self._changed.set()  # the writer, which may not be waiting on this flush, retries
             raise
 
     async def run(self) -> None:
@@ -305,28 +321,53 @@ class ApproxIndexSync:
 
     async def _write_loop(self) -> None:
         """Flush when something changed (or every ``flush_interval_s``, for the counts'
-        keepalive), at most once per round trip plus ``push_interval_s``. A replica that hears
-        no other flushes every ``flush_interval_s`` instead: nobody waits for its changes, and
-        fewer, fuller pipelines cost it and Redis less."""
+        keepalive), at most once per ``push_interval_s``. On its own connection the writer
+        does not wait for a flush's reply before the next (replies come in order; at most
+        ``MAX_UNANSWERED`` on their way): a dispatch made while the last flush travels goes out
+        ``push_interval_s`` after it, not a round trip and that later. Through redis-py
+        (a cluster client: its pipelines may take different connections, and land out of
+        order) it waits for each reply. A replica that hears no other flushes every
+        ``flush_interval_s`` instead: nobody waits for its changes, and fewer, fuller
+        pipelines cost it and Redis less."""
         assert self._push_interval_s is not None
-        while True:
-            raise_if_cancelled()
-            if self._peers is not None and not self._peers.num_peers:
-                await asyncio.sleep(self._flush_interval_s)
-            else:
-                with contextlib.suppress(TimeoutError):  # the counts' keepalive may be due
-                    await asyncio.wait_for(self._changed.wait(), self._flush_interval_s)
-            self._changed.clear()
-            self._cancel_lazy()  # this flush carries the lazy changes
-            try:
-                await self.flush()
-            except REDIS_ERRORS as exc:
+        unanswered: deque[asyncio.Future[None]] = deque()
+        try:
+            while True:
                 raise_if_cancelled()
-                log.warning("approximate index sync: %s", exc)
-                await asyncio.sleep(1.0)
-                continue
-            if self._push_interval_s > 0:
+                if self._peers is not None and not self._peers.num_peers:
+                    await asyncio.sleep(self._flush_interval_s)
+                else:
+                    with contextlib.suppress(TimeoutError):  # the counts' keepalive may be due
+                        await asyncio.wait_for(self._changed.wait(), self._flush_interval_s)
+                self._changed.clear()
+                self._cancel_lazy()  # this flush carries the lazy changes
+                limit = MAX_UNANSWERED if self._writer is not None else 1
+                while len(unanswered) >= limit:
+                    await asyncio.wait([unanswered[0]])
+                    if (error := _settle(unanswered)) is not None:
+                        break
+                else:
+                    error = _settle(unanswered)
+                if error is None:
+                    unanswered.append(asyncio.ensure_future(self.flush()))
+                    if limit == 1:
+                        await asyncio.wait([unanswered[0]])
+                        error = _settle(unanswered)
+                if error is not None:
+                    # Each flush that failed put its entries back: the next one sends them.
+                    raise_if_cancelled()
+                    log.warning("approximate index sync: %s", error)
+                    await asyncio.sleep(1.0)
+                    self._changed.set()  # then send them, whether or not anything changed
+                    continue
+                # The flush's task writes before the writer wakes again.
                 await asyncio.sleep(self._push_interval_s)
+        finally:
+            for flush in unanswered:
+                if flush.done() and not flush.cancelled():
+                    flush.exception()  # retrieved: an outage during shutdown is not warned of
+                else:
+                    flush.cancel()
 
     async def _read_loop(self, reader: RespConnection | None, *, flush: bool) -> None:
         block_ms = int(self._flush_interval_s * 1000)

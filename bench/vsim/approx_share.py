@@ -28,13 +28,15 @@ counts (``load_changed``, after each change of a replica's books).
 
 With ``push_interval_s`` (``ApproxIndexSync``'s, not None) a writer task of its own flushes
 instead: woken by each change of the replica's books (``books_changed``, the router's
-``on_booked`` hook; a decision changes them too), it flushes at once, then waits for the
-pipeline's reply and ``push_interval_s`` more before it may flush again; the read loop only
-reads (an ``XREAD`` blocks until any replica, this one included, adds an entry). A change then
-reaches the others within about two round trips plus ``push_interval_s``, however busy or idle
-the replicas are. Without it, a change made while every replica's ``XREAD`` blocks waits for
-the first of them to time out: when the replicas go quiet together, they block together and
-time out together, ``flush_interval_s`` later (measured: ``docs/benchmarks/vsim.md``).
+``on_booked`` hook; a decision changes them too), it flushes at once, then waits
+``push_interval_s`` before it may flush again, the last flush's reply still on its way
+(``is_pipelined``, as the gateway's writer on its own connection; not pipelined, as through
+redis-py, it waits for the reply first); the read loop only reads (an ``XREAD`` blocks until
+any replica, this one included, adds an entry). A change then reaches the others within about
+two round trips plus ``push_interval_s``, however busy or idle the replicas are. Without it,
+a change made while every replica's ``XREAD`` blocks waits for the first of them to time out:
+when the replicas go quiet together, they block together and time out together,
+``flush_interval_s`` later (measured: ``docs/benchmarks/vsim.md``).
 
 ``PeerLoad`` runs as live, on the simulation's clock: every call passes ``now_s``.
 
@@ -93,6 +95,7 @@ class ApproxShare:
                  peer_changed: Callable[[int, int], None] = lambda replica, backend: None,
                  push_interval_s: float | None = None,
                  lazy_interval_s: float = 0.0,
+                 is_pipelined: bool = True,
                  ) -> None:
         if flush_interval_s < 0 or rtt_s < 0:
             raise ValueError("need flush_interval_s >= 0 and rtt_s >= 0")
@@ -129,6 +132,9 @@ class ApproxShare:
         # A change that only lowers the counts wakes the writer this much later, unless a
         # dispatch wakes it first (ApproxIndexSync's lazy_interval_s).
         self.lazy_interval_s = lazy_interval_s
+        # The writer's next flush may go push_interval_s after the last was sent, its reply
+        # still on the way; not pipelined: a round trip later as well.
+        self.is_pipelined = is_pipelined
         self._num_replicas = num_replicas
         self._writer_at = [math.inf] * num_replicas  # when the writer's wake is due
         self._writer_free_s = [0.0] * num_replicas  # when its last flush's reply and sleep end
@@ -237,13 +243,14 @@ class ApproxShare:
 
     def _writer(self, replica: int, now_s: float) -> None:
         """The writer task (``ApproxIndexSync._write_loop``), woken by a change: flush; when
-        it sent something, await the pipeline's reply, then sleep ``push_interval_s`` (the cap
-        on its rate) before it may flush again."""
+        it sent something, await the pipeline's reply (unless ``is_pipelined``), then sleep
+        ``push_interval_s`` (the cap on its rate) before it may flush again."""
         if now_s != self._writer_at[replica]:
             return
         self._writer_at[replica] = math.inf
         if self._flush(replica, now_s, wake_self=True):
-            self._writer_free_s[replica] = now_s + self.rtt_s + self.push_interval_s
+            reply_s = 0.0 if self.is_pipelined else self.rtt_s
+            self._writer_free_s[replica] = now_s + reply_s + self.push_interval_s
 
     def _kick(self, replica: int, now_s: float) -> None:
         """``ApproxIndexSync.notify``: wake ``replica``'s writer at ``now_s`` (once it is

@@ -134,6 +134,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--share-lazy-ms", type=float, default=LAZY_INTERVAL_S * 1000,
         help="sy:approx: with the writer, a change that only lowers a replica's counts (a "
              "first token, a finish) waits up to this many ms for a dispatch (0: at once)")
+    add("--share-pipelined", choices=("on", "off"), default="on",
+        help="sy:approx: with the writer, the next flush may go --share-push-ms after the last "
+             "was sent, while its reply is on the way, as on a plain Redis connection (off: "
+             "after the reply, as through redis-py: Sentinel, Cluster, TLS)")
     args = parser.parse_args(argv)
     try:
         args.replicas = [int(n) for n in args.replicas.split(",") if n]
@@ -245,7 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        share_scrapes=args.share_scrapes == "on",
                        share_push_s=(None if args.share_push_ms is None
                                      else args.share_push_ms / 1000),
-                       share_lazy_s=args.share_lazy_ms / 1000)
+                       share_lazy_s=args.share_lazy_ms / 1000,
+                       share_pipelined=args.share_pipelined == "on")
     capacity = math.nan
     rate = args.rate
     if rate is None:

@@ -66,6 +66,10 @@ class SimConfig:
     share_push_s: float | None = PUSH_INTERVAL_S
     # With the writer: a change that only lowers the counts waits this long for a dispatch.
     share_lazy_s: float = LAZY_INTERVAL_S
+    # With the writer: its next flush may go share_push_s after the last was sent, while that
+    # one's reply is on its way (pipelined, as on the gateway's own connection), not after
+    # the reply (as through redis-py).
+    share_pipelined: bool = True
 
     def kv_delivery_s(self, worker: int, now_s: float) -> float:
         """When KV events a worker recorded at ``now_s`` reach the gateway's index: at its

@@ -139,7 +139,8 @@ def build_share(config: SimConfig, replicas: Sequence[Replica], *,
                         flush_interval_s=config.share_flush_s, rtt_s=config.share_rtt_s,
                         peers=peers, peer_backends=[r.backends for r in replicas],
                         peer_changed=peer_changed, push_interval_s=config.share_push_s,
-                        lazy_interval_s=config.share_lazy_s)
+                        lazy_interval_s=config.share_lazy_s,
+                        is_pipelined=config.share_pipelined)
     if share_claims:
         for r, replica in enumerate(replicas):
             replica.router.gateway.on_record = share.recorder(r)

@@ -286,6 +286,28 @@ def test_counts_that_fall_wait_for_a_dispatch_or_the_lazy_interval() -> None:
     assert (seen.peer_in_flight, backends[1][0].peer_in_flight) == (0, 1)
 
 
+@pytest.mark.parametrize(("is_pipelined", "heard_s"), [(False, 0.303), (True, 0.302)])
+def test_a_pipelined_writer_does_not_wait_for_the_last_reply(is_pipelined: bool,
+                                                             heard_s: float) -> None:
+    """A dispatch at 0.3 s goes out at once and is heard at 0.301 s; a second at 0.3005 s waits
+    for the first flush's reply (0.301 s) and 1 ms more, heard at 0.303 s; pipelined, only the
+    1 ms after the first was sent: heard at 0.302 s."""
+    loop, backends, _ = peer_loop(2, push_interval_s=0.001, is_pipelined=is_pipelined)
+    share = loop.share
+    loop.run_until(0.1)
+    backends[1][0].book_started(reserved_tokens=10, pending_prefill_tokens=5)
+    share.books_changed(1, 0.1)
+    loop.run_until(0.3)
+    sender, seen = backends[0][1], backends[1][1]
+    sender.book_started(reserved_tokens=300, pending_prefill_tokens=200)
+    share.books_changed(0, 0.3)
+    loop.run_until(0.3005)
+    sender.book_started(reserved_tokens=300, pending_prefill_tokens=200)
+    share.books_changed(0, 0.3005)
+    assert _heard_at(loop, 0.301, lambda: seen.peer_in_flight) == (0, 1)
+    assert _heard_at(loop, heard_s, lambda: seen.peer_in_flight) == (1, 2)
+
+
 class _Silent:
     """A replica's ``PeerLoad`` that says nothing more (compiled, its methods cannot be
     replaced on the instance): ``entry`` None, the rest as before."""

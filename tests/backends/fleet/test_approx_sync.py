@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -258,3 +259,127 @@ def test_an_xread_reply_as_resp2_sends_it_reads_as_redis_py_gives_it() -> None:
     assert stream_entries(None) == []
     assert xadd_command({"r": "gw-1", "h": b"\x00"}, 100) == [
         "XADD", APPROX_STREAM, "MAXLEN", "~", 100, "*", "r", "gw-1", "h", b"\x00"]
+
+
+class _SlowReplies:
+    """A loopback TCP relay to Redis that passes requests at once and holds every reply
+    ``delay_s``: a Redis far away for answers only. ``cut()`` drops every connection through
+    it, as a network fault would."""
+
+    def __init__(self, redis_port: int, delay_s: float) -> None:
+        self.redis_port = redis_port
+        self.delay_s = delay_s
+        self.port = 0
+        self._writers: list[asyncio.StreamWriter] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> _SlowReplies:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        self.cut()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def cut(self) -> None:
+        for writer in self._writers:
+            writer.transport.abort()
+        self._writers.clear()
+
+    async def _relay(self, client_r: asyncio.StreamReader,
+                     client_w: asyncio.StreamWriter) -> None:
+        redis_r, redis_w = await asyncio.open_connection("127.0.0.1", self.redis_port)
+        self._writers += [client_w, redis_w]
+        for task in (asyncio.create_task(self._pipe(client_r, redis_w, 0.0)),
+                     asyncio.create_task(self._pipe(redis_r, client_w, self.delay_s))):
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    delay_s: float) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+            while data := await reader.read(65536):
+                if delay_s:
+                    await asyncio.sleep(delay_s)  # in order: one chunk after another
+                writer.write(data)
+                await writer.drain()
+        writer.transport.abort()
+
+
+async def _claims_on(redis: aioredis.Redis, backends: set[bytes], count: int
+                     ) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """The stream's claims on ``backends``, once there are ``count`` (or after 5 s)."""
+    deadline = time.monotonic() + 5
+    while True:
+        claims = [(i, f) for i, f in await redis.xrange(APPROX_STREAM)
+                  if f.get(b"b") in backends]
+        if len(claims) >= count or time.monotonic() > deadline:
+            return claims
+        await asyncio.sleep(0.01)
+
+
+@asynccontextmanager
+async def _writer_through(relay: _SlowReplies) -> AsyncIterator[ApproxIndexSync]:
+    """A replica whose Redis is ``relay``, running (its writer 1 ms apart) until the block
+    ends."""
+    client = aioredis.Redis(host="127.0.0.1", port=relay.port)
+    sync = ApproxIndexSync(client, ApproxPrefixIndex(ttl_s=60), "gw-1", ttl_s=60,
+                           flush_interval_s=5.0, push_interval_s=0.001)
+    task = asyncio.create_task(sync.run())
+    try:
+        await asyncio.sleep(0.1)  # connected, the first keepalive sent
+        yield sync
+        assert not task.done()
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        await client.aclose()
+
+
+def _decide(sync: ApproxIndexSync, prompt: str, backend: str) -> None:
+    sync.record(tuple(char_block_hashes(prompt * 20, 64, "m")), backend, time.time())
+
+
+async def test_the_writer_sends_a_change_before_the_last_flush_is_answered(
+        approx_redis: aioredis.Redis) -> None:
+    """On its own connection the writer's next flush does not wait for the last one's reply:
+    two decisions 20 ms apart reach Redis about 20 ms apart although each reply takes 300 ms
+    to come back (waiting for it, the second would land 300 ms after the first)."""
+    port = approx_redis.connection_pool.connection_kwargs["port"]
+    async with _SlowReplies(port, 0.3) as relay, _writer_through(relay) as sync:
+        _decide(sync, "the first prompt ", "w0")
+        await asyncio.sleep(0.02)
+        _decide(sync, "the second prompt ", "w1")
+        claims = await _claims_on(approx_redis, {b"w0", b"w1"}, 2)
+        assert [f[b"b"] for _, f in claims] == [b"w0", b"w1"]
+        first_ms, second_ms = (int(i.split(b"-")[0]) for i, _ in claims)
+        assert 0 <= second_ms - first_ms < 200
+
+
+async def test_flushes_lost_on_their_way_are_sent_again(approx_redis: aioredis.Redis) -> None:
+    """The connection drops while two flushes wait for their replies: both failed, their
+    claims go out again once the writer reconnects (a claim may land twice: claims are
+    idempotent), and the writer goes on."""
+    port = approx_redis.connection_pool.connection_kwargs["port"]
+    async with _SlowReplies(port, 0.5) as relay, _writer_through(relay) as sync:
+        await approx_redis.delete(APPROX_STREAM)  # the keepalive's entry
+        relay.delay_s = 5.0  # the next replies never come in time
+        _decide(sync, "lost prompt one ", "w0")
+        await asyncio.sleep(0.02)
+        _decide(sync, "lost prompt two ", "w1")
+        await asyncio.sleep(0.1)  # both flushes sent, their replies held
+        relay.delay_s = 0.0
+        relay.cut()
+        await approx_redis.delete(APPROX_STREAM)  # what landed before the cut: forgotten
+        claims = await _claims_on(approx_redis, {b"w0", b"w1"}, 2)
+        assert sorted(f[b"b"] for _, f in claims) == [b"w0", b"w1"]
+        _decide(sync, "after the fault ", "w2")
+        assert [f[b"b"] for _, f in await _claims_on(approx_redis, {b"w2"}, 1)] == [b"w2"]
