@@ -125,7 +125,8 @@ class ApproxShare:
         self.num_loads_sent = 0
         self.num_lessons_sent = 0
         # push_interval_s not None: a writer task of its own (its own connection) flushes as
-        # the books change, at most once per round trip plus push_interval_s; the read loop
+        # the books change, at most once per push_interval_s (plus a round trip when not
+        # is_pipelined); the read loop
         # only reads (ApproxIndexSync's push_interval_s). None: the read loop flushes.
         self.has_writer = push_interval_s is not None and flush_interval_s > 0
         self.push_interval_s = 0.0 if push_interval_s is None else push_interval_s

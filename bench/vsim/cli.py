@@ -129,8 +129,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--share-rtt-ms", type=float, default=1.0, help="sy:approx: a Redis round trip")
     add("--share-push-ms", type=_ms_or_off,
         default=None if PUSH_INTERVAL_S is None else PUSH_INTERVAL_S * 1000,
-        help="sy:approx: a writer task flushes as the books change, at most once per round "
-             "trip plus this many ms (off: the read loop flushes, before each XREAD)")
+        help="sy:approx: a writer task flushes as the books change, at most once per this "
+             "many ms (and a round trip, with --share-pipelined off; off: the read loop "
+             "flushes, before each XREAD)")
     add("--share-lazy-ms", type=float, default=LAZY_INTERVAL_S * 1000,
         help="sy:approx: with the writer, a change that only lowers a replica's counts (a "
              "first token, a finish) waits up to this many ms for a dispatch (0: at once)")

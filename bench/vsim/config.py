@@ -61,8 +61,9 @@ class SimConfig:
     share_scrapes: bool = False
     share_flush_s: float = FLUSH_INTERVAL_S  # ApproxIndexSync's batching / XREAD block
     share_rtt_s: float = 0.001  # a Redis round trip
-    # Not None: a writer task of its own flushes as the books change, at most once per round
-    # trip plus share_push_s (the read loop only reads); None: the read loop flushes.
+    # Not None: a writer task of its own flushes as the books change, at most once per
+    # share_push_s (and a round trip unless share_pipelined; the read loop only reads); None:
+    # the read loop flushes.
     share_push_s: float | None = PUSH_INTERVAL_S
     # With the writer: a change that only lowers the counts waits this long for a dispatch.
     share_lazy_s: float = LAZY_INTERVAL_S
