@@ -35,47 +35,18 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import hiredis
-import redis.asyncio as aioredis
-from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from admission.quota.lua import LuaScript
 from admission.quota.pipe import merge_calls, split_reply, unit_args
+from backends.resp import RespAddress, pack_command
 
 __all__ = ["RespAddress", "RespScriptPipe"]
-
-
-@dataclass(frozen=True, slots=True)
-class RespAddress:
-    """Where and as whom to connect: a TCP host and port or a Unix socket path."""
-
-    host: str = "127.0.0.1"
-    port: int = 6379
-    path: str | None = None
-    db: int = 0
-    username: str | None = None
-    password: str | None = None
-
-    @classmethod
-    def of(cls, client: object) -> RespAddress | None:
-        """The address of a plain ``redis.asyncio.Redis`` (TCP or Unix socket, no TLS, no
-        credential provider); None for anything else, which keeps redis-py."""
-        if not isinstance(client, aioredis.Redis):
-            return None
-        pool = client.connection_pool
-        kwargs = pool.connection_kwargs
-        if pool.connection_class not in (Connection, UnixDomainSocketConnection) or kwargs.get(
-                "credential_provider") is not None:
-            return None
-        return cls(host=str(kwargs.get("host", "127.0.0.1")), port=int(kwargs.get("port", 6379)),
-                   path=kwargs.get("path"), db=int(kwargs.get("db") or 0),
-                   username=kwargs.get("username"), password=kwargs.get("password"))
 
 
 class _Call:
@@ -309,7 +280,7 @@ class RespScriptPipe:
             return
         futures = [loop.create_future() for _ in commands]
         assert self._transport is not None
-        self._transport.write(b"".join(_pack_command(command) for command in commands))
+        self._transport.write(b"".join(pack_command(command) for command in commands))
         self._unanswered.append(_Write([[_Call(_NO_SCRIPT, (), (), future, loop.time())]
                                         for future in futures], loop.time()))
         for reply in await asyncio.gather(*futures, return_exceptions=True):
@@ -381,17 +352,7 @@ def _pack(unit: list[_Call], use_eval: bool) -> bytes:
     first = unit[0]
     script = first.script
     head = ("EVAL", script.text) if use_eval else ("EVALSHA", script.sha)
-    return _pack_command((*head, len(first.keys), *first.keys, *unit_args(unit)))
-
-
-def _pack_command(parts: Sequence[str | int | bytes]) -> bytes:
-    """One command in RESP: ``*<n>`` then ``$<len>`` and the bytes of each argument."""
-    out = [b"*%d\r\n" % len(parts)]
-    for part in parts:
-        data = (part.encode() if isinstance(part, str)
-                else part if isinstance(part, bytes) else b"%d" % part)
-        out.append(b"$%d\r\n%b\r\n" % (len(data), data))
-    return b"".join(out)
+    return pack_command((*head, len(first.keys), *first.keys, *unit_args(unit)))
 
 
 def _answer_error(unit: list[_Call], message: str) -> None:

@@ -28,8 +28,9 @@ from redis.exceptions import ResponseError
 from admission.quota.lua import OPS_SCRIPT
 from admission.quota.pipe import MAX_MERGED_OPS, ScriptPipe
 from admission.quota.redis_batch import ScriptBatcher
-from admission.quota.redis_pipe import RespAddress, RespScriptPipe
+from admission.quota.redis_pipe import RespScriptPipe
 from admission.quota.store import FailMode, QuotaLimits, QuotaStore, ops_keys, quota_keys
+from backends.resp import RespAddress
 from gateway.cli.localproc import (
     ProcessGroup,
     free_port,

@@ -1,5 +1,5 @@
 """The quota store's own Redis connection (admission/quota/redis_pipe.py), on real redis-servers:
-RESP packing, AUTH and SELECT, timeouts that close the connection, reconnects, and settles
+AUTH and SELECT, timeouts that close the connection, reconnects, and settles
 queued without a task. The scheduling shared with redis-py's path is in test_redis_batch.py."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-import hiredis
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from admission.quota.lua import OPS_SCRIPT
-from admission.quota.redis_pipe import RespAddress, RespScriptPipe, _pack_command
+from admission.quota.redis_pipe import RespScriptPipe
 from admission.quota.store import QuotaLimits, QuotaStore, ops_keys, quota_keys
+from backends.resp import RespAddress
 from gateway.cli.localproc import ProcessGroup
 from tests.admission.held import held_async
 
@@ -36,34 +36,6 @@ def rid() -> str:
 
 def new_tenant() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
-
-
-@pytest.mark.parametrize("parts", [
-    pytest.param(("PING",), id="one-word"),
-    pytest.param(("EVALSHA", "ab" * 20, 3, "sy:quota:{t}:req", "k2", "k3", 600, 0, -1),
-                 id="ints-and-negative"),
-    pytest.param(("SET", "clé", "naïve\r\n$3\r\n"), id="utf8-and-crlf-inside"),
-    pytest.param(("SET", b"\x00\xff", ""), id="bytes-and-empty"),
-])
-def test_packed_commands_parse_back_as_resp_arrays(parts: tuple[str | int | bytes, ...]) -> None:
-    reader = hiredis.Reader()
-    reader.feed(_pack_command(parts))
-    expected = [p if isinstance(p, bytes) else str(p).encode() for p in parts]
-    assert reader.gets() == expected
-    assert reader.gets() is False
-
-
-@pytest.mark.parametrize(("url", "expected"), [
-    pytest.param("redis://127.0.0.1:7001/3", RespAddress(port=7001, db=3), id="tcp-with-db"),
-    pytest.param("redis://u:p@127.0.0.1:7001", RespAddress(port=7001, username="u",
-                                                            password="p"), id="acl-user"),
-    pytest.param("unix:///tmp/r.sock?db=2", RespAddress(path="/tmp/r.sock", db=2), id="unix"),
-    pytest.param("rediss://127.0.0.1:7001", None, id="tls-keeps-redis-py"),
-])
-async def test_address_of_a_client(url: str, expected: RespAddress | None) -> None:
-    client = aioredis.Redis.from_url(url)
-    assert RespAddress.of(client) == expected
-    await client.aclose()
 
 
 async def test_auth_and_select(redis: aioredis.Redis) -> None:

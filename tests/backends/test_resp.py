@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import hiredis
 import pytest
 import redis.asyncio as aioredis
 import uvloop
@@ -32,6 +33,21 @@ def _conn(redis: aioredis.Redis, timeout_s: float = 2.0) -> RespConnection:
 def test_commands_are_packed_as_resp_arrays_of_bulk_strings() -> None:
     assert pack_command(("SET", "k", b"\x00v", 5, 0.5)) == (
         b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n\x00v\r\n$1\r\n5\r\n$3\r\n0.5\r\n")
+
+
+@pytest.mark.parametrize("parts", [
+    pytest.param(("PING",), id="one-word"),
+    pytest.param(("EVALSHA", "ab" * 20, 3, "sy:quota:{t}:req", "k2", "k3", 600, 0, -1),
+                 id="ints-and-negative"),
+    pytest.param(("SET", "clé", "naïve\r\n$3\r\n"), id="utf8-and-crlf-inside"),
+    pytest.param(("SET", b"\x00\xff", ""), id="bytes-and-empty"),
+])
+def test_packed_commands_parse_back_as_resp_arrays(parts: tuple[str | int | bytes, ...]) -> None:
+    reader = hiredis.Reader()
+    reader.feed(pack_command(parts))
+    expected = [p if isinstance(p, bytes) else str(p).encode() for p in parts]
+    assert reader.gets() == expected
+    assert reader.gets() is False
 
 
 @pytest.mark.parametrize(("url", "expected"), [
