@@ -342,15 +342,10 @@ class ApproxIndexSync:
                 self._changed.clear()
                 self._cancel_lazy()  # this flush carries the lazy changes
                 limit = MAX_UNANSWERED if self._writer is not None else 1
-                while len(unanswered) >= limit:
-                    await asyncio.wait([unanswered[0]])
-                    if (error := _settle(unanswered)) is not None:
-                        break
-                else:
-                    error = _settle(unanswered)
+                error = _settle(unanswered)
                 if error is None:
                     unanswered.append(asyncio.ensure_future(self.flush()))
-                    if limit == 1:
+                    while error is None and len(unanswered) >= limit:  # the oldest's reply
                         await asyncio.wait([unanswered[0]])
                         error = _settle(unanswered)
                 if error is not None:
