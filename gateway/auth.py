@@ -201,6 +201,7 @@ class Authenticator:
         delay_s = 0.1
         while True:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            # No ``finally`` with an await in a compiled module (tests/routing/test_native.py).
             try:
                 await pubsub.subscribe(INVALIDATION_CHANNEL)
                 self._cache.clear()  # anything may have changed while we were not listening
@@ -212,12 +213,17 @@ class Authenticator:
                         self.invalidate(data.decode() if isinstance(data, bytes) else str(data))
             except REDIS_ERRORS as exc:
                 log.warning("auth invalidation channel lost (%s); reconnecting", exc)
-            finally:
-                self.is_subscribed = False
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
+            except BaseException:
+                await self._unsubscribed(pubsub)
+                raise
+            await self._unsubscribed(pubsub)
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, 2.0)
+
+    async def _unsubscribed(self, pubsub: aioredis.client.PubSub) -> None:
+        self.is_subscribed = False
+        with contextlib.suppress(Exception):
+            await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
 
 
 def credentials(headers: Mapping[str, str]) -> str | None:

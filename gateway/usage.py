@@ -163,18 +163,23 @@ class UsageBook:
         """Flush every ``flush_interval_s`` until cancelled (then once more, briefly)."""
         if self._redis is None:
             return
+        # No ``finally`` with an await in a compiled module (tests/routing/test_native.py).
         try:
             while True:
                 await asyncio.sleep(self.settings.flush_interval_s)
                 await self.flush()
-        finally:
-            if self._pending or self._unsent:
-                try:
-                    async with asyncio.timeout(1.0):
-                        await self.flush()
-                except (TimeoutError, asyncio.CancelledError):
-                    log.warning("usage: %d unsent charge fields lost at shutdown",
-                                self.num_pending_fields)
+        except BaseException:
+            await self._last_flush()
+            raise
+
+    async def _last_flush(self) -> None:
+        if self._pending or self._unsent:
+            try:
+                async with asyncio.timeout(1.0):
+                    await self.flush()
+            except (TimeoutError, asyncio.CancelledError):
+                log.warning("usage: %d unsent charge fields lost at shutdown",
+                            self.num_pending_fields)
 
     @property
     def num_pending_fields(self) -> int:

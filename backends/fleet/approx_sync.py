@@ -72,7 +72,19 @@ Lesson = tuple[str, float, bool]  # (backend, claim age in seconds, hit): Approx
 FLUSH_INTERVAL_S = 0.1  # the batching interval without a writer task, and the XREAD's block
 PUSH_INTERVAL_S: float | None = 0.001  # the writer task's wait after a flush (None: no writer)
 LAZY_INTERVAL_S = 0.05  # how long a change that only lowers the counts waits for company
+# ...unless it is a first token (or an end before one) that takes at least this many prompt
+# tokens of prefill off a backend's books (Router.falls_urgently): a cache miss's, not a hit's.
+URGENT_PREFILL_TOKENS = 512
 MAX_UNANSWERED = 8  # flushes the writer may have on their way at once (its own connection)
+
+
+async def _end(tasks: set[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them to end."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _settle(flushes: deque[asyncio.Future[None]]) -> BaseException | None:
@@ -289,14 +301,20 @@ class ApproxIndexSync:
         reader = None if address is None else RespConnection(address, timeout_s=RESP_TIMEOUT_S)
         if address is not None and self._push_interval_s is not None:
             self._writer = RespConnection(address, timeout_s=RESP_TIMEOUT_S)
+        # No ``finally`` with an await in a compiled module (tests/routing/test_native.py).
         try:
             await self._run(reader)
-        finally:
-            self._cancel_lazy()
-            writer, self._writer = self._writer, None
-            for conn in (reader, writer):
-                if conn is not None:
-                    await conn.aclose()
+        except BaseException:
+            await self._close(reader)
+            raise
+        await self._close(reader)
+
+    async def _close(self, reader: RespConnection | None) -> None:
+        self._cancel_lazy()
+        writer, self._writer = self._writer, None
+        for conn in (reader, writer):
+            if conn is not None:
+                await conn.aclose()
 
     async def _run(self, reader: RespConnection | None) -> None:
         if self._push_interval_s is None:
@@ -312,12 +330,10 @@ class ApproxIndexSync:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
                 task.result()
-        finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        except BaseException:
+            await _end(tasks)
+            raise
+        await _end(tasks)
 
     async def _write_loop(self) -> None:
         """Flush when something changed (or every ``flush_interval_s``, for the counts'

@@ -48,8 +48,10 @@ def test_replicas_scrape_a_listed_engine_once_a_second_in_all(tmp_path: Path) ->
         # Two replicas, each scraping every second, would send 12 in 6 s; shared, 6, and a
         # tick that falls within a round trip of the other's adds one.
         assert 4 <= num_scrapes <= 9, num_scrapes
-        # Each replica's figures are at most about a second old, read or heard.
-        assert oldest < 1.6, oldest
+        # Each replica's figures are about a second old at most, read or heard: a tick every
+        # second, which a busy 2-core machine delays by some tenths. A replica that neither
+        # scraped nor heard would show figures as old as the 6 s window.
+        assert oldest < 2.5, oldest
         # Each replica tells how it got them.
         counts = [_scrape_counts(gateway) for gateway in gateways]
         assert sum(c["read"] for c in counts) >= num_scrapes

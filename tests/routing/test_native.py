@@ -119,8 +119,14 @@ def _mypyc_pitfalls(source: str) -> list[str]:
     ``except`` clauses of different types in one function (compiled, the name keeps the first
     clause's type, and the second clause's exception fails a type check), a dataclass-style
     field annotated ``object`` (its class fails at import), an async generator (not
-    compilable), ``__setattr__`` (compiled code sets attributes around it) and a class-level
-    default of an attribute that instances set (compiled, instances never see it)."""
+    compilable), ``__setattr__`` (compiled code sets attributes around it), a class-level
+    default of an attribute that instances set (compiled, instances never see it) and an
+    ``await`` in a ``finally`` block (compiled, an exception that came out of an await, a
+    task's cancellation too, and went through such a block stays the thread's handled
+    exception after the coroutine ends: every exception raised later, anywhere, gets it as
+    ``__context__``, so the chain grows by one with each such block run, and holds every
+    link's frames; mypy 2.4.1. The same block as ``except BaseException: ...; raise`` and
+    after the ``try`` does not leak)."""
     found = []
     tree = ast.parse(source)
     set_on_instances = {target.attr for node in ast.walk(tree)
@@ -141,6 +147,10 @@ def _mypyc_pitfalls(source: str) -> list[str]:
             if isinstance(node, ast.AsyncFunctionDef) and any(
                     isinstance(inner, (ast.Yield, ast.YieldFrom)) for inner in ast.walk(node)):
                 found.append(f"line {node.lineno}: async generator {node.name}")
+        if isinstance(node, ast.Try) and any(
+                isinstance(inner, (ast.Await, ast.AsyncWith, ast.AsyncFor))
+                for statement in node.finalbody for inner in ast.walk(statement)):
+            found.append(f"line {node.lineno}: await in finally")
         if isinstance(node, ast.ClassDef):
             found += [f"line {item.lineno}: field {ast.unparse(item.target)}: object"
                       for item in node.body if isinstance(item, ast.AnnAssign)
@@ -164,6 +174,7 @@ def test_no_compiled_module_holds_what_mypyc_compiles_otherwise() -> None:
     "async def f():\n    yield 1\n",
     "class C:\n    def __setattr__(self, name, value):\n        pass\n",
     "class C:\n    flag = False\n\ndef f(c):\n    c.flag = True\n",
+    "async def f(c):\n    try:\n        await c.run()\n    finally:\n        await c.close()\n",
 ])
 def test_the_pitfall_check_finds_each_pitfall(source: str) -> None:
     assert len(_mypyc_pitfalls(source)) == 1

@@ -383,3 +383,19 @@ async def test_flushes_lost_on_their_way_are_sent_again(approx_redis: aioredis.R
         assert sorted(f[b"b"] for _, f in claims) == [b"w0", b"w1"]
         _decide(sync, "after the fault ", "w2")
         assert [f[b"b"] for _, f in await _claims_on(approx_redis, {b"w2"}, 1)] == [b"w2"]
+
+
+async def test_a_cancelled_sync_leaves_no_handled_exception_behind(
+        approx_redis: aioredis.Redis) -> None:
+    """Compiled (``routing.native``), a ``finally`` block with an await left each cancellation
+    as the thread's handled exception, and every exception raised later chained onto it."""
+    for _ in range(3):
+        sync = ApproxIndexSync(approx_redis, ApproxPrefixIndex(ttl_s=60), "gw-1", ttl_s=60)
+        task = asyncio.create_task(sync.run())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    with pytest.raises(ValueError) as raised:
+        raise ValueError("a probe")
+    assert raised.value.__context__ is None
