@@ -184,6 +184,7 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             router.on_record = approx_sync.record
             router.on_lesson = approx_sync.lesson
             router.on_booked = approx_sync.notify
+            router.urgent_prefill_tokens = settings.routing.share_urgent_prefill_tokens
             try:
                 await approx_sync.catch_up()
             except REDIS_ERRORS as exc:

@@ -33,6 +33,7 @@ from math import inf
 from typing import Any
 
 from admission.headroom import backend_free_slots
+from backends.fleet.approx_sync import URGENT_PREFILL_TOKENS
 from backends.fleet.registry import Backend, BackendRegistry
 from backends.tokenizer import Tokenizer
 from routing.fit import holds
@@ -187,8 +188,10 @@ class Router:
         # approximate index (backend, claim age, hit): ApproxIndexSync.lesson tells the others.
         self.on_lesson: Callable[[str, float, bool], None] | None = None
         # Called after each change of a backend's in-flight books (ApproxIndexSync.notify),
-        # with whether it raised them (a dispatch) rather than lowered them.
+        # with whether the other replicas should hear it at once: a dispatch (it raised
+        # them), or a fall by at least urgent_prefill_tokens of prefill (falls_urgently).
         self.on_booked: Callable[[bool], None] | None = None
+        self.urgent_prefill_tokens = URGENT_PREFILL_TOKENS
 
     # -- the request ----------------------------------------------------------------------
     def describe(self, model: str, body: dict[str, Any], tenant_id: str | None) -> RoutePlan:
@@ -401,7 +404,17 @@ class Router:
     def first_token(self, backend: Backend, plan: RoutePlan) -> None:
         backend.book_first_token(plan.pending_prefill_tokens, plan.sent_s)
         if self.on_booked is not None:
-            self.on_booked(False)
+            self.on_booked(self.falls_urgently(plan))
+
+    def falls_urgently(self, plan: RoutePlan) -> bool:
+        """Whether ``plan``'s first token (or its end before one) takes enough prefill off
+        its backend's books, ``urgent_prefill_tokens``, that the other replicas should hear
+        it at once, not with the next dispatch or ``routing.share_lazy_ms`` later. A cache
+        miss's prefill, the whole prompt's (thousands of tokens: a hundred ms or more of a
+        worker's time), would otherwise weigh in their TTFT estimates for that long after it
+        is done, and send requests away from a backend that holds their prefix; a hit's is
+        its question, tens of tokens."""
+        return plan.pending_prefill_tokens >= self.urgent_prefill_tokens
 
     def nearly_done(self, backend: Backend, plan: RoutePlan) -> None:
         """The request's stream is on its last step (one token left of its ``max_tokens``):
@@ -420,7 +433,7 @@ class Router:
                               had_first_token=had_first_token, was_ending=plan.is_ending)
         plan.is_ending = False
         if self.on_booked is not None:
-            self.on_booked(False)
+            self.on_booked(not had_first_token and self.falls_urgently(plan))
 
 
 def record_claim(approx_index: ApproxPrefixIndex, plan: RoutePlan, backend: str,

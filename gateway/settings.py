@@ -264,6 +264,13 @@ class RoutingSettings(_Strict):
         description="with several replicas: a change that only lowers a replica's in-flight "
                     "counts (a first token, a finish) waits up to this many ms for a dispatch "
                     "to go out with; 0 sends it as a dispatch is sent")
+    share_urgent_prefill_tokens: int = Field(
+        512, ge=0,
+        description="with several replicas: a first token (or an end before one) that takes "
+                    "at least this many prompt tokens of prefill off a backend's books, a "
+                    "cache miss's, goes out at once, not after share_lazy_ms: the others "
+                    "would route away from that backend on a backlog it no longer has; 0: "
+                    "every first token goes at once")
     share_scrapes: bool = Field(
         False,
         description="with several replicas: a listed engine's /metrics is scraped by the "

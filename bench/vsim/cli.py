@@ -36,7 +36,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from backends.fleet.approx_sync import FLUSH_INTERVAL_S, LAZY_INTERVAL_S, PUSH_INTERVAL_S
+from backends.fleet.approx_sync import (
+    FLUSH_INTERVAL_S,
+    LAZY_INTERVAL_S,
+    PUSH_INTERVAL_S,
+    URGENT_PREFILL_TOKENS,
+)
 from backends.sim.profile import WorkerProfile
 from bench.common.fleet_modes import MODE_CHOICES, Mode, key_of, parse_modes
 from bench.run.workloads.base import TokenRange, WorkloadOptions
@@ -135,6 +140,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--share-lazy-ms", type=float, default=LAZY_INTERVAL_S * 1000,
         help="sy:approx: with the writer, a change that only lowers a replica's counts (a "
              "first token, a finish) waits up to this many ms for a dispatch (0: at once)")
+    add("--share-urgent-prefill-tokens", type=int, default=URGENT_PREFILL_TOKENS,
+        help="sy:approx: with the writer, a first token that takes at least this many prompt "
+             "tokens of prefill off a backend's books (a cache miss's) goes at once, not after "
+             "--share-lazy-ms (0: every first token)")
     add("--share-pipelined", choices=("on", "off"), default="on",
         help="sy:approx: with the writer, the next flush may go --share-push-ms after the last "
              "was sent, while its reply is on the way, as on a plain Redis connection (off: "
@@ -251,6 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        share_push_s=(None if args.share_push_ms is None
                                      else args.share_push_ms / 1000),
                        share_lazy_s=args.share_lazy_ms / 1000,
+                       share_urgent_prefill_tokens=args.share_urgent_prefill_tokens,
                        share_pipelined=args.share_pipelined == "on")
     capacity = math.nan
     rate = args.rate

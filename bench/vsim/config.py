@@ -19,7 +19,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from backends.fleet.approx_sync import FLUSH_INTERVAL_S, LAZY_INTERVAL_S, PUSH_INTERVAL_S
+from backends.fleet.approx_sync import (
+    FLUSH_INTERVAL_S,
+    LAZY_INTERVAL_S,
+    PUSH_INTERVAL_S,
+    URGENT_PREFILL_TOKENS,
+)
 from backends.sim.profile import WorkerProfile
 from bench.common.fleet_modes import Mode
 from bench.vsim.profiles import MODEL
@@ -67,6 +72,9 @@ class SimConfig:
     share_push_s: float | None = PUSH_INTERVAL_S
     # With the writer: a change that only lowers the counts waits this long for a dispatch.
     share_lazy_s: float = LAZY_INTERVAL_S
+    # ...unless it is a first token (or an end before one) that takes at least this many
+    # prompt tokens of prefill off a backend's books: a cache miss's goes at once.
+    share_urgent_prefill_tokens: int = URGENT_PREFILL_TOKENS
     # With the writer: its next flush may go share_push_s after the last was sent, while that
     # one's reply is on its way (pipelined, as on the gateway's own connection), not after
     # the reply (as through redis-py).

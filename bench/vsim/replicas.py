@@ -141,6 +141,8 @@ def build_share(config: SimConfig, replicas: Sequence[Replica], *,
                         peer_changed=peer_changed, push_interval_s=config.share_push_s,
                         lazy_interval_s=config.share_lazy_s,
                         is_pipelined=config.share_pipelined)
+    for replica in replicas:
+        replica.router.gateway.urgent_prefill_tokens = config.share_urgent_prefill_tokens
     if share_claims:
         for r, replica in enumerate(replicas):
             replica.router.gateway.on_record = share.recorder(r)

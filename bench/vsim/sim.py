@@ -291,8 +291,9 @@ class Simulation:
             seq = self.cores[worker].add_request(
                 str(index), request.prompt_ids, request.max_tokens, now_s)
         except ValueError:  # the engine can never serve it; the gateway relays a 400
-            self.replicas[replica].router.finished(worker, plan, had_first_token=False)
-            self._booked(replica, now_s)
+            router = self.replicas[replica].router
+            router.finished(worker, plan, had_first_token=False)
+            self._booked(replica, now_s, urgent=router.gateway.falls_urgently(plan))
             self._reject(index, request, arrived_s)
             return
         recorder = self.recorder
@@ -336,8 +337,9 @@ class Simulation:
                                  recorder.num_cached_tokens[index])
                 router.finished(worker, item.plan, had_first_token=True)
                 self.workload.finished(item.request)
-            if self.share is not None:
-                self._booked(item.replica, now_s)
+            if self.share is not None:  # a cache miss's first token goes at once
+                self._booked(item.replica, now_s, urgent=token.is_first
+                             and router.gateway.falls_urgently(item.plan))
         events = core.drain_kv_events()
         if events and self.router.exact_index is not None:
             self._num_kv_batches += 1

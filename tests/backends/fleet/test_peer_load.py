@@ -4,7 +4,6 @@ through a real Redis stream shared with the approximate index."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any
 
@@ -15,6 +14,7 @@ from backends.fleet.approx_sync import APPROX_STREAM, ApproxIndexSync
 from backends.fleet.peer_load import LOAD_FIELD, PeerLoad
 from backends.fleet.registry import Backend, BackendRegistry
 from routing.index_approx import ApproxPrefixIndex
+from tests.backends.fleet.pair import two_replicas
 
 
 def _registry() -> BackendRegistry:
@@ -211,16 +211,6 @@ async def test_counts_that_fall_wait_for_a_dispatch_or_the_lazy_interval(
     """A finish (``notify(urgent=False)``) reaches the other replica only after the lazy
     interval, unless a dispatch (``notify()``) goes first and carries it."""
     registries = [_registry(), _registry()]
-    syncs, tasks = [], []
-    for name, other, registry in zip(("gw-1", "gw-2"), ("gw-2", "gw-1"), registries,
-                                     strict=True):
-        peers = PeerLoad(registry, name)
-        peers.merge(other, orjson.dumps({}))  # each knows the other: changes go out
-        sync = ApproxIndexSync(approx_redis, ApproxPrefixIndex(ttl_s=60), name, ttl_s=60,
-                               flush_interval_s=5.0, lazy_interval_s=1.0, peers=peers)
-        await sync.catch_up()
-        syncs.append(sync)
-        tasks.append(asyncio.create_task(sync.run()))
     sender = registries[0].get("b")
     seen = registries[1].get("b")
     assert sender is not None and seen is not None
@@ -232,7 +222,8 @@ async def test_counts_that_fall_wait_for_a_dispatch_or_the_lazy_interval(
         assert seen.peer_in_flight == level
         return time.monotonic() - started_s
 
-    try:
+    async with two_replicas(approx_redis, registries, flush_interval_s=5.0,
+                            lazy_interval_s=1.0) as syncs:
         _send(registries[0], "b", 3)
         syncs[0].notify()
         await until(3, timeout_s=2.0)
@@ -247,9 +238,3 @@ async def test_counts_that_fall_wait_for_a_dispatch_or_the_lazy_interval(
         syncs[0].notify()  # a dispatch: out at once, with the finish
         await until(1, timeout_s=0.8)
         assert registries[1].get("a").peer_in_flight == 1  # type: ignore[union-attr]
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(task, 10)
