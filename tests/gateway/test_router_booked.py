@@ -9,9 +9,10 @@ import time
 
 import redis.asyncio as aioredis
 
-from backends.fleet.approx_sync import APPROX_STREAM
+from backends.fleet.approx_sync import APPROX_STREAM, URGENT_PREFILL_TOKENS
 from backends.fleet.registry import Backend, BackendRegistry
 from gateway.router import RoutePlan, Router
+from gateway.settings import RoutingSettings
 from routing import ApproxPrefixIndex, ExactPrefixIndex, profile_by_name
 from routing.types import RouteRequest
 from tests.backends.fleet.pair import two_replicas
@@ -93,3 +94,7 @@ async def test_the_other_replica_hears_a_miss_first_token_before_the_lazy_interv
     finally:
         await redis.delete(APPROX_STREAM)
         await redis.aclose()
+
+
+def test_the_setting_defaults_to_the_routers_threshold() -> None:
+    assert RoutingSettings().share_urgent_prefill_tokens == URGENT_PREFILL_TOKENS
