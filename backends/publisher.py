@@ -33,7 +33,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from backends.redis_url import REDIS_ERRORS, is_cluster
+from backends.redis_url import REDIS_ERRORS, pipelined
 from routing.prefix import HASH_VERSION
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,7 @@ class KvPublisher:
         loop = asyncio.get_running_loop()
         next_heartbeat = next_snapshot = loop.time()
         while True:
+            is_away = False
             try:
                 now = loop.time()
                 is_snapshot_due = now >= next_snapshot
@@ -122,6 +123,8 @@ class KvPublisher:
                     next_heartbeat = now + self._heartbeat_interval_s
             except REDIS_ERRORS as exc:
                 log.warning("worker %s cannot reach Redis: %s", self.identity.worker_id, exc)
+                is_away = True
+            if is_away:  # not in the handler: no await in an except block, compiled
                 await asyncio.sleep(min(1.0, self._heartbeat_interval_s))
             await asyncio.sleep(self._flush_interval_s)
 
@@ -137,8 +140,7 @@ class KvPublisher:
                 # One transaction, so a gateway blocked in XREAD gets every event in one reply
                 # (after each command of a plain pipeline Redis answers it, and it comes back
                 # for the rest); a cluster client takes none, and the stream is one slot.
-                async with self._redis.pipeline(transaction=len(events) > 1
-                                                and not is_cluster(self._redis)) as pipe:
+                def add_events(pipe: Any) -> None:
                     for event, hashes in events:
                         pipe.xadd(
                             stream,
@@ -146,7 +148,8 @@ class KvPublisher:
                             maxlen=self._stream_maxlen,
                             approximate=True,
                         )
-                    ids = await pipe.execute()
+
+                ids = await pipelined(self._redis, add_events, transaction=len(events) > 1)
                 last_id = ids[-1]
                 self.num_events_published += len(events)
         except BaseException:
@@ -177,19 +180,22 @@ class KvPublisher:
             "kv_stream": kv_stream_key(identity.worker_id),
             "kv_snapshot": kv_snapshot_key(identity.worker_id),
         }
-        async with self._redis.pipeline(transaction=False) as pipe:
+        def add_beat(pipe: Any) -> None:
             pipe.set(worker_key(identity.worker_id), orjson.dumps(doc), px=self._heartbeat_ttl_ms)
             pipe.zadd(WORKERS_ZSET, {identity.worker_id: now_ms})
-            await pipe.execute()
+
+        await pipelined(self._redis, add_beat)
 
     async def withdraw(self) -> None:
         """Leave the fleet at once (clean shutdown); a crash is covered by the heartbeat TTL."""
+        worker_id = self.identity.worker_id
+
+        def add_withdrawal(pipe: Any) -> None:
+            pipe.delete(worker_key(worker_id))
+            pipe.zrem(WORKERS_ZSET, worker_id)
+            pipe.xadd(kv_stream_key(worker_id), {"type": "cleared", "h": b"", "epoch": self.epoch},
+                      maxlen=self._stream_maxlen, approximate=True)
+            pipe.delete(kv_snapshot_key(worker_id))
+
         with contextlib.suppress(RedisError, OSError):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.delete(worker_key(self.identity.worker_id))
-                pipe.zrem(WORKERS_ZSET, self.identity.worker_id)
-                pipe.xadd(kv_stream_key(self.identity.worker_id),
-                          {"type": "cleared", "h": b"", "epoch": self.epoch},
-                          maxlen=self._stream_maxlen, approximate=True)
-                pipe.delete(kv_snapshot_key(self.identity.worker_id))
-                await pipe.execute()
+            await pipelined(self._redis, add_withdrawal)

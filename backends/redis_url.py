@@ -30,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -58,6 +59,20 @@ def raise_if_cancelled() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+async def pipelined(redis: aioredis.Redis, fill: Callable[[Any], None], *,
+                    transaction: bool = False) -> list[Any]:
+    """Run the commands ``fill`` queues on a fresh pipeline of ``redis`` (a transaction with
+    ``transaction``, which a cluster client never takes) and return their replies; the
+    pipeline's connection goes back to the pool whatever happens. For the modules compiled with
+    mypyc, which must not write ``async with`` around a pipeline: its exit awaits inside an
+    exception handler when the body fails (tests/routing/test_native.py). This module runs
+    interpreted."""
+    async with redis.pipeline(transaction=transaction and not is_cluster(redis)) as pipe:
+        fill(pipe)
+        replies: list[Any] = await pipe.execute()
+        return replies
 
 
 class RedisUrlError(ValueError):

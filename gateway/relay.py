@@ -170,6 +170,10 @@ async def relay_stream(
                      ending_at_events=ending_at_events, on_ending=on_ending,
                      api=None if api.is_openai else api)
     gw.streams.add(upstream)
+    # Why the stream ends with an error event: (message, kind, code), written after the
+    # ``try``, not in its handlers (compiled, an await in an except block corrupts the
+    # exception state of other coroutines: tests/routing/test_native.py).
+    failure: tuple[str, str, str] | None = None
     try:
         # The head goes out with the first chunk (aiohttp holds it back until a write; an
         # empty one sends the head alone), before any chunk is written to the socket directly.
@@ -204,20 +208,17 @@ async def relay_stream(
     except TimeoutError:
         gw.metrics.upstream_errors.labels(opened.backend.name, "idle_timeout").inc()
         failed_on(gw, opened.backend, "idle_timeout")
-        await _end_with_error(out, api,
-                              f"Upstream timeout: backend {opened.backend.name!r} stalled.")
+        failure = (f"Upstream timeout: backend {opened.backend.name!r} stalled.",
+                   "upstream_error", "upstream_failed")
     except DrainDeadline:
-        await _end_with_error(
-            out, api, "The gateway is shutting down and its drain time is over; the response is "
-            "incomplete: retry the request.", kind="service_unavailable",
-            code="gateway_shutting_down")
+        failure = ("The gateway is shutting down and its drain time is over; the response is "
+                   "incomplete: retry the request.", "service_unavailable",
+                   "gateway_shutting_down")
     except UpstreamBroken as exc:
         gw.metrics.upstream_errors.labels(opened.backend.name, "broken_stream").inc()
         failed_on(gw, opened.backend, "broken_stream")
-        await _end_with_error(
-            out, api, f"Upstream failed: backend {opened.backend.name!r} broke off the stream "
-            f"({exc}); the response is incomplete."
-        )
+        failure = (f"Upstream failed: backend {opened.backend.name!r} broke off the stream "
+                   f"({exc}); the response is incomplete.", "upstream_error", "upstream_failed")
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         gw.metrics.client_disconnects.inc()  # the client went away while we wrote
         request[CLIENT_LEFT] = True
@@ -239,6 +240,8 @@ async def relay_stream(
         tail = splice.previous[-2048:] + splice.tail[-2048:]
         ticket.num_output_tokens = api.output_tokens(tail, splice.num_events)
         request[REQUEST_TRACE].streamed(tail, ticket.num_output_tokens)
+    if failure is not None:
+        await _end_with_error(out, api, failure[0], kind=failure[1], code=failure[2])
     return out
 
 

@@ -60,7 +60,7 @@ import redis.asyncio as aioredis
 from backends.fleet.peer_load import PeerLoad, load_of
 from backends.fleet.scrape_share import SCRAPE_FIELD, ScrapeShare
 from backends.publisher import pack_hashes, unpack_hashes
-from backends.redis_url import REDIS_ERRORS, is_cluster, raise_if_cancelled
+from backends.redis_url import REDIS_ERRORS, pipelined, raise_if_cancelled
 from backends.resp import RESP_TIMEOUT_S, Arg, RespAddress, RespConnection
 from routing.index_approx import MIN_TTL_S, ApproxPrefixIndex
 
@@ -284,11 +284,11 @@ class ApproxIndexSync:
                 await self._writer.transaction([xadd_command(f, maxlen) for f in entries])
             else:
                 # A cluster client takes no transaction; the stream is one key, one slot.
-                async with self._redis.pipeline(transaction=len(entries) > 1
-                                                and not is_cluster(self._redis)) as pipe:
+                def add_entries(pipe: Any) -> None:
                     for fields in entries:
                         pipe.xadd(APPROX_STREAM, dict(fields), maxlen=maxlen, approximate=True)
-                    await pipe.execute()
+
+                await pipelined(self._redis, add_entries, transaction=len(entries) > 1)
         except BaseException:
             self._pending[:0] = pending
             self._lessons[:0] = lessons
@@ -301,13 +301,16 @@ class ApproxIndexSync:
         reader = None if address is None else RespConnection(address, timeout_s=RESP_TIMEOUT_S)
         if address is not None and self._push_interval_s is not None:
             self._writer = RespConnection(address, timeout_s=RESP_TIMEOUT_S)
-        # No ``finally`` with an await in a compiled module (tests/routing/test_native.py).
+        # No await in an except or finally block of a compiled module
+        # (tests/routing/test_native.py): the connections close after the ``try``.
+        stopped: BaseException | None = None
         try:
             await self._run(reader)
-        except BaseException:
-            await self._close(reader)
-            raise
+        except BaseException as exc:
+            stopped = exc
         await self._close(reader)
+        if stopped is not None:
+            raise stopped
 
     async def _close(self, reader: RespConnection | None) -> None:
         self._cancel_lazy()
@@ -325,15 +328,17 @@ class ApproxIndexSync:
         tasks = {asyncio.create_task(self._write_loop(), name="approx-index-sync-writer"),
                  asyncio.create_task(self._read_loop(reader, flush=False),
                                      name="approx-index-sync-reader")}
+        stopped: BaseException | None = None
         try:
             # Each loop outlives Redis errors; anything else ends both and is raised here.
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
                 task.result()
-        except BaseException:
-            await _end(tasks)
-            raise
+        except BaseException as exc:
+            stopped = exc
         await _end(tasks)
+        if stopped is not None:
+            raise stopped
 
     async def _write_loop(self) -> None:
         """Flush when something changed (or every ``flush_interval_s``, for the counts'
@@ -384,6 +389,7 @@ class ApproxIndexSync:
         block_ms = int(self._flush_interval_s * 1000)
         while True:
             raise_if_cancelled()
+            is_away = False
             try:
                 if flush:
                     await self.flush()
@@ -403,6 +409,8 @@ class ApproxIndexSync:
             except REDIS_ERRORS as exc:
                 raise_if_cancelled()
                 log.warning("approximate index sync: %s", exc)
+                is_away = True
+            if is_away:  # not in the handler: no await in an except block, compiled
                 await asyncio.sleep(1.0)
 
     def _merge(self, entries: Any) -> None:

@@ -9,15 +9,23 @@ interpreted and says why.
 from __future__ import annotations
 
 import ast
+import asyncio
 import os
+import secrets
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 
+from backends.fleet.approx_sync import ApproxIndexSync
+from gateway.auth import Authenticator
+from gateway.keystore_memory import MemoryKeyStore
+from gateway.usage import UsageBook
 from routing import native
+from routing.index_approx import ApproxPrefixIndex
 
 ROOT = native.ROOT
 CAN_BUILD = native.can_build()
@@ -121,12 +129,20 @@ def _mypyc_pitfalls(source: str) -> list[str]:
     field annotated ``object`` (its class fails at import), an async generator (not
     compilable), ``__setattr__`` (compiled code sets attributes around it), a class-level
     default of an attribute that instances set (compiled, instances never see it) and an
-    ``await`` in a ``finally`` block (compiled, an exception that came out of an await, a
-    task's cancellation too, and went through such a block stays the thread's handled
-    exception after the coroutine ends: every exception raised later, anywhere, gets it as
-    ``__context__``, so the chain grows by one with each such block run, and holds every
-    link's frames; mypy 2.4.1. The same block as ``except BaseException: ...; raise`` and
-    after the ``try`` does not leak)."""
+    ``await`` in a ``finally`` or an ``except`` block, and an ``async with`` whose exit may
+    wait. Compiled (mypy 2.4.1), a coroutine that waits inside a handler leaves its exception
+    as the thread's handled one while it is suspended, and puts back what it saved when it
+    resumes, whatever other coroutines did meanwhile: an exception that went through a
+    ``finally`` block with an await became every later exception's ``__context__``, a chain
+    growing by one each time, holding every link's frames; and when several tasks wait in
+    handlers at once (cancelled together at shutdown, or in a Redis outage's retry loops),
+    they put back each other's exceptions, freed ones too: a task then fails with
+    "TypeError: invalid exception object" inside the event loop and stays pending for ever
+    (``test_tasks_cancelled_together_all_end``). An ``async with`` is such a handler when
+    its body raises (its ``__aexit__`` is awaited there): only the ones whose exit never
+    waits are allowed (``_exits_at_once``). What a handler must wait for goes after the
+    ``try``, the exception kept in a variable and raised after it; a Redis pipeline goes
+    through ``backends.redis_url.pipelined``, which runs interpreted."""
     found = []
     tree = ast.parse(source)
     set_on_instances = {target.attr for node in ast.walk(tree)
@@ -147,10 +163,14 @@ def _mypyc_pitfalls(source: str) -> list[str]:
             if isinstance(node, ast.AsyncFunctionDef) and any(
                     isinstance(inner, (ast.Yield, ast.YieldFrom)) for inner in ast.walk(node)):
                 found.append(f"line {node.lineno}: async generator {node.name}")
-        if isinstance(node, ast.Try) and any(
-                isinstance(inner, (ast.Await, ast.AsyncWith, ast.AsyncFor))
-                for statement in node.finalbody for inner in ast.walk(statement)):
-            found.append(f"line {node.lineno}: await in finally")
+        if isinstance(node, ast.Try):
+            if _awaits(node.finalbody):
+                found.append(f"line {node.lineno}: await in finally")
+            found += [f"line {handler.lineno}: await in except" for handler in node.handlers
+                      if _awaits(handler.body)]
+        if isinstance(node, ast.AsyncWith):
+            found += [f"line {node.lineno}: async with {ast.unparse(item.context_expr)}"
+                      for item in node.items if not _exits_at_once(item.context_expr)]
         if isinstance(node, ast.ClassDef):
             found += [f"line {item.lineno}: field {ast.unparse(item.target)}: object"
                       for item in node.body if isinstance(item, ast.AnnAssign)
@@ -159,6 +179,18 @@ def _mypyc_pitfalls(source: str) -> list[str]:
                       if isinstance(item, ast.Assign) for target in item.targets
                       if isinstance(target, ast.Name) and target.id in set_on_instances]
     return found
+
+
+def _awaits(statements: list[ast.stmt]) -> bool:
+    return any(isinstance(inner, (ast.Await, ast.AsyncWith, ast.AsyncFor))
+               for statement in statements for inner in ast.walk(statement))
+
+
+# The async context managers whose ``__aexit__`` returns without waiting: asyncio's timeouts
+# and locks (named ``*_lock``; a lock's release wakes its next waiter, it never waits).
+def _exits_at_once(manager: ast.expr) -> bool:
+    text = ast.unparse(manager)
+    return text.startswith(("asyncio.timeout(", "asyncio.timeout_at(")) or text.endswith("_lock")
 
 
 def test_no_compiled_module_holds_what_mypyc_compiles_otherwise() -> None:
@@ -175,6 +207,47 @@ def test_no_compiled_module_holds_what_mypyc_compiles_otherwise() -> None:
     "class C:\n    def __setattr__(self, name, value):\n        pass\n",
     "class C:\n    flag = False\n\ndef f(c):\n    c.flag = True\n",
     "async def f(c):\n    try:\n        await c.run()\n    finally:\n        await c.close()\n",
+    "async def f(c):\n    try:\n        await c.run()\n    except OSError:\n"
+    "        await c.close()\n",
+    "async def f(c):\n    async with c.pipeline() as p:\n        await p.execute()\n",
 ])
 def test_the_pitfall_check_finds_each_pitfall(source: str) -> None:
     assert len(_mypyc_pitfalls(source)) == 1
+
+
+def test_the_pitfall_check_allows_what_compiles_the_same() -> None:
+    source = ("async def f(c):\n    async with asyncio.timeout(1):\n        await c.run()\n"
+              "    async with c._flush_lock:\n        await c.run()\n    failed = None\n"
+              "    try:\n        await c.run()\n    except OSError as exc:\n"
+              "        failed = exc\n    await c.close()\n")
+    assert _mypyc_pitfalls(source) == []
+
+
+async def test_tasks_cancelled_together_all_end(redis_url: str) -> None:
+    """What a gateway's shutdown does: its background tasks cancelled at once, each waiting
+    for Redis on its way out (the invalidation listener closes its pubsub, the usage book
+    flushes, the index sync closes its connections). Compiled with an await in their
+    handlers, they put back each other's exceptions: one failed inside the event loop with
+    "invalid exception object" and stayed pending for ever, and every later exception chained
+    onto a stale one."""
+    redis = aioredis.Redis.from_url(redis_url)
+    try:
+        for _ in range(3):
+            auth = Authenticator(MemoryKeyStore(key_secret=secrets.token_bytes(32)), redis)
+            book = UsageBook(redis)
+            sync = ApproxIndexSync(redis, ApproxPrefixIndex(ttl_s=60), "gw-cancel", ttl_s=60)
+            tasks = [asyncio.create_task(auth.listen_for_invalidations()),
+                     asyncio.create_task(sync.run()), asyncio.create_task(book.run())]
+            await asyncio.sleep(0.2)
+            book.charge("tenant", "key", "model", prompt_tokens=10, cached_tokens=0,
+                        output_tokens=2)  # something for the last flush to send
+            for task in tasks:
+                task.cancel()
+            _, stuck = await asyncio.wait(tasks, timeout=3.0)
+            assert not stuck
+            assert [task.cancelled() for task in tasks] == [True, True, True]
+        with pytest.raises(ValueError) as raised:
+            raise ValueError("a probe")
+        assert raised.value.__context__ is None
+    finally:
+        await redis.aclose()
