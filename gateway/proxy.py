@@ -34,7 +34,7 @@ from gateway.auth import Principal, credentials
 from gateway.context import CLIENT_LEFT, GATEWAY, REQUEST_ID, Gateway
 from gateway.errors import APIError, unreadable_body
 from gateway.front import own_request_id
-from gateway.observe.request_log import request_record
+from gateway.observe.request_log import add_routing, request_record
 from gateway.observe.telemetry import REQUEST_TRACE, TELEMETRY
 from gateway.relay import MODEL_HEADER, failed_on, relay_body, relay_stream
 from gateway.router import RoutePlan
@@ -219,6 +219,8 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
                 request[REQUEST_ID], trace, started, status, error, served_label,
                 principal, plan.request.num_prompt_tokens if plan is not None else None,
                 ticket.num_output_tokens if ticket is not None else None)
+            if plan is not None and trace.backend is not None:
+                add_routing(record, plan)
             if gw.request_log.include_prompt:
                 record["prompt"] = gw.request_log.prompt_of(parsed_body)
             gw.request_log.write(record)

@@ -60,7 +60,8 @@ class Client:
         """Send ``spec`` (with ``messages``, which may differ from ``spec.messages`` for a
         multi-turn conversation) and record what happened; never raises for HTTP failures."""
         path = "/chat/completions" if spec.is_chat else "/completions"
-        headers = {"Content-Type": "application/json"}
+        # The request's index as its id: the gateways' request logs join the run's records.
+        headers = {"Content-Type": "application/json", "x-request-id": f"bench-{spec.index}"}
         if spec.tenant.key:
             headers["Authorization"] = f"Bearer {spec.tenant.key}"
         sent = time.perf_counter()

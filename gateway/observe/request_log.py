@@ -5,12 +5,18 @@ successful requests and every failed one, ``all`` every request; to stdout or to
 (appended, mode 0600). A line holds ids, never secrets or text: the request id, tenant, key id
 (never the key), model, tier, backend, status, error code, prompt / cached / output tokens,
 TTFT, total time and the wait that took longest; the prompt's text only with
-``include_prompt``. Example line::
+``include_prompt``. Routed requests also say why their prompt was or was not cached:
+``expected_cached_tokens``, what routing expected the chosen backend to hold of the prompt, and
+``best_cached_tokens``, the most that any backend held by the prefix index then. Against
+``cached_tokens`` (what the engine reported) a cache miss tells its cause: a backend chosen for
+its load over a holder (expected below best), or a prefix the backend had evicted since the
+index last heard (cached well below expected). Example line::
 
     {"ts":"2026-12-03T08:50:01.123Z","request_id":"req-…","tenant":"acme","key_id":"k-…",
      "model":"m","tier":"standard","route":"chat","stream":true,"backend":"sim-0",
      "status":200,"error":null,"prompt_tokens":812,"cached_tokens":768,"output_tokens":40,
-     "ttft_s":0.031,"total_s":0.42,"dominant_wait":"streaming"}
+     "ttft_s":0.031,"total_s":0.42,"dominant_wait":"streaming",
+     "expected_cached_tokens":768,"best_cached_tokens":768}
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from gateway.router import prompt_text
 if TYPE_CHECKING:  # the gateway's context holds a RequestLog: no import cycle at run time
     from gateway.auth import Principal
     from gateway.observe.telemetry import RequestTrace
+    from gateway.router import RoutePlan
 
 Mode = Literal["off", "sampled", "all"]
 
@@ -55,6 +62,20 @@ def request_record(request_id: str, trace: RequestTrace, started_s: float, statu
         "total_s": round(time.perf_counter() - started_s, 6),
         "dominant_wait": max(waits, key=waits.__getitem__) if waits else None,
     }
+
+
+def add_routing(record: dict[str, Any], plan: RoutePlan) -> None:
+    """What routing expected of a routed request's prompt cache (``expected_cached_tokens``
+    on the chosen backend, ``best_cached_tokens`` on the best holder); nothing for a request
+    that was never routed."""
+    snapshot = plan.snapshot
+    if snapshot is None:
+        return
+    prefix = snapshot.prefix
+    num_prompt_tokens = plan.request.num_prompt_tokens
+    deepest = max(prefix.num_blocks.values(), default=0)
+    record["expected_cached_tokens"] = min(plan.expected_cached_tokens, num_prompt_tokens)
+    record["best_cached_tokens"] = min(deepest * prefix.block_tokens, num_prompt_tokens)
 
 
 class RequestLog:

@@ -53,6 +53,29 @@ def test_every_request_gets_a_line(procs: ProcessGroup, workdir: Path, redis_url
     assert path.stat().st_mode & 0o777 == 0o600
 
 
+def test_a_routed_line_says_what_routing_expected_cached(
+        procs: ProcessGroup, workdir: Path, redis_url: str, engines: list[Engine],
+        tmp_path: Path) -> None:
+    path = tmp_path / "routed.jsonl"
+    gateway = Gateway(procs, workdir, redis_url, [e.backend_config() for e in engines[:2]],
+                      request_log={"mode": "all", "path": str(path)})
+    key = gateway.new_key()
+    system = " ".join(f"rule {i}: answer in the house style." for i in range(60))
+    for index in range(2):
+        assert post(gateway, key, request_id=f"turn-{index}", messages=[
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"question {index}"}]).status_code == 200
+    assert post(gateway, key, model="nope", request_id="unrouted").status_code == 404
+    assert wait_until(lambda: len(lines(path)) == 3, timeout_s=5)
+    by_id = {line["request_id"]: line for line in lines(path)}
+    first, second = by_id["turn-0"], by_id["turn-1"]
+    assert (first["expected_cached_tokens"], first["best_cached_tokens"]) == (0, 0)
+    # The second goes where the first left the system prompt, and routing knew it.
+    assert second["backend"] == first["backend"]
+    assert 0 < second["expected_cached_tokens"] <= second["best_cached_tokens"]
+    assert "expected_cached_tokens" not in by_id["unrouted"]
+
+
 def test_sampled_mode_keeps_every_failure(procs: ProcessGroup, workdir: Path, redis_url: str,
                                           engines: list[Engine], tmp_path: Path) -> None:
     path = tmp_path / "sampled.jsonl"
