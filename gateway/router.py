@@ -100,6 +100,10 @@ class RoutePlan:
 # the size is estimated and the engine judges it): a prompt of megabytes costs the event
 # loop no more than one of a few hundred kilobytes, and per-prompt state stays bounded.
 MAX_PREFIX_BLOCKS = 2048
+# How long an approximate claim on a backend that publishes KV events counts while the exact
+# index knows no holder of the prompt: a request's queue wait and prefill, and its ``stored``
+# events' way to the gateway, take less (``Router._match``).
+FOLLOWED_CLAIM_S = 2.0
 MAX_TOKENIZED_CHARS = 512 * 1024
 
 
@@ -350,14 +354,40 @@ class Router:
         return pairs, scored
 
     def _match(self, request: RouteRequest, now_s: float) -> PrefixMatch:
+        """The exact index's match; where it knows no holder, the approximate index's: its
+        claims on backends without KV events, and those younger than ``FOLLOWED_CLAIM_S`` on
+        backends with them (a prefix sent there just now, whose blocks' ``stored`` events are
+        not in yet). An older claim on a backend the exact index follows is stale: that
+        backend evicted the prefix (the exact index heard it), and trusting the claim sent a
+        prompt nobody held to its old backend as a hit: no room made for it, its prefill
+        left out of that backend's backlog."""
         if request.block_hashes:
             exact = self.exact_index.match(request.block_hashes)
             if exact.num_blocks:
                 return exact
         if request.char_hashes:
             # Wall-clock time: claims are shared with other replicas through Redis.
-            return self.approx_index.match(request.char_hashes, self._wall_clock())
+            wall_s = self._wall_clock()
+            approx = self.approx_index.match(request.char_hashes, wall_s)
+            if request.block_hashes and approx.num_blocks:
+                return self._without_stale_claims(request.char_hashes, approx, wall_s)
+            return approx
         return PrefixMatch()
+
+    def _without_stale_claims(self, char_hashes: tuple[int, ...], approx: PrefixMatch,
+                              wall_s: float) -> PrefixMatch:
+        follows = self.exact_index.follows
+        claim_s = self.approx_index.claim_s
+        kept = {}
+        for name, num_blocks in approx.num_blocks.items():
+            if follows(name):
+                recorded_s = claim_s(char_hashes, num_blocks, name)
+                if recorded_s is None or wall_s - recorded_s > FOLLOWED_CLAIM_S:
+                    continue
+            kept[name] = num_blocks
+        if len(kept) == len(approx.num_blocks):
+            return approx
+        return PrefixMatch(kept, approx.block_tokens, is_exact=False)
 
     # -- bookkeeping ----------------------------------------------------------------------
     def started(self, backend: Backend, plan: RoutePlan, expected_cached_tokens: int = 0) -> None:

@@ -61,6 +61,12 @@ class ExactPrefixIndex:
     def backends(self) -> list[str]:
         return sorted(self._resident)
 
+    def follows(self, backend: str) -> bool:
+        """Whether this index hears ``backend``'s KV events (a snapshot or an event came, and
+        it was not removed since): then what it says ``backend`` holds is what it holds, give
+        or take the events on their way."""
+        return backend in self._resident
+
     def num_hashes(self, backend: str) -> int:
         return len(self._resident.get(backend, ()))
 
@@ -77,6 +83,7 @@ class ExactPrefixIndex:
                         self._set_holders(h, self._holders[h] - {backend})
         elif kind == "cleared":
             self.remove_backend(backend)
+            self._resident[backend] = set()  # still followed: it holds nothing now
         else:
             raise ValueError(f"unknown KV event kind {kind!r}; expected {', '.join(EVENT_KINDS)}")
 
