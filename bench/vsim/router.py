@@ -165,13 +165,12 @@ class VirtualRouter:
         return self._by_name[ranked[0].backend], ranked[0].expected_cached_tokens
 
     def _match(self, request: RouteRequest, now_s: float) -> PrefixMatch:
-        if request.block_hashes and self.exact_index is not None:
-            exact = self.exact_index.match(request.block_hashes)
-            if exact.num_blocks:
-                return exact
-        if request.char_hashes and self.approx_index is not None:
-            return self.approx_index.match(request.char_hashes, now_s)
-        return _NO_MATCH
+        """The live router's match (``gateway/router.py``: the exact index and the live
+        approximate claims beside it), on the same indexes, at virtual ``now_s``."""
+        if self.index_mode == "none":
+            return _NO_MATCH
+        self._now_s = now_s
+        return self._gateway._match(request, now_s)
 
     # -- bookkeeping ----------------------------------------------------------------------
     def started(self, index: int, plan: RoutePlan, now_s: float,
