@@ -165,8 +165,9 @@ class VirtualRouter:
         return self._by_name[ranked[0].backend], ranked[0].expected_cached_tokens
 
     def _match(self, request: RouteRequest, now_s: float) -> PrefixMatch:
-        """The live router's match (``gateway/router.py``: the exact index and the live
-        approximate claims beside it), on the same indexes, at virtual ``now_s``."""
+        """The live router's match (``gateway/router.py``: the exact index, and where it
+        knows no holder the approximate index's live claims), on the same indexes, at virtual
+        ``now_s``."""
         if self.index_mode == "none":
             return _NO_MATCH
         self._now_s = now_s
