@@ -57,10 +57,11 @@ class Plan:
     max_concurrency: int = 64
     max_duration_s: float = 5.0
     num_warmup: int = 300
+    api_rounds: int = 3  # rounds of chat, Messages and Responses (``measure_apis``)
 
 
 QUICK = Plan(runs=1, num_requests=400, num_streams=60, rate_duration_s=1.0, max_duration_s=0.5,
-             num_warmup=40)
+             num_warmup=40, api_rounds=1)
 
 
 def _loadgen(fleet: BenchFleet, url: str, watch: dict[str, int], *args: str) -> dict[str, Any]:
@@ -86,6 +87,7 @@ class Phase:
     name: str
     args: tuple[str, ...]
     num_warmup: int
+    api_rounds: int = 3
 
 
 def phases(plan: Plan, mode: str = "third-party") -> list[Phase]:
@@ -110,7 +112,8 @@ def phases(plan: Plan, mode: str = "third-party") -> list[Phase]:
                           str(plan.max_tokens), *warmup), plan.num_warmup),
     ]
     # Own fleet: simulated workers, which the mock's per-request pacing does not reach.
-    return [p for p in found if mode != "own" or p.name != "paced_stream"]
+    return [dataclasses.replace(p, api_rounds=plan.api_rounds) for p in found
+            if mode != "own" or p.name != "paced_stream"]
 
 
 # Phases also run through the gateway with BACKEND_COUNTS[1] backends ("gateway64").
@@ -119,10 +122,9 @@ LARGE_FLEET_PHASES = ("nonstream", "paced_stream")
 # ("gateway_messages", "gateway_responses"): the same prompt and output as the chat ones.
 API_PHASES = ("nonstream", "paced_stream")
 API_PATHS = {"messages": "/v1/messages", "responses": "/v1/responses"}
-# Each round measures chat, Messages and Responses back to back, so that each ratio is taken
-# within seconds (this machine's speed drifts by tens of percent over a minute); the figure is
-# the rounds' median.
-API_ROUNDS = 3
+# Each round (``Plan.api_rounds``) measures chat, Messages and Responses back to back, so that
+# each ratio is taken within seconds (this machine's speed drifts by tens of percent over a
+# minute); the figure is the rounds' median.
 
 
 def endpoints(fleet: BenchFleet, phase: str = "") -> dict[str, tuple[str, dict[str, int]]]:
@@ -184,11 +186,11 @@ def measure_phase(fleet: BenchFleet, phase: Phase) -> Figures:
 
 def measure_apis(fleet: BenchFleet, phase: Phase) -> Figures:
     """The gateway's CPU for Messages and Responses requests against chat's: per request
-    and per relayed event, each ratio the median over ``API_ROUNDS`` adjacent rounds."""
+    and per relayed event, each ratio the median over ``phase.api_rounds`` adjacent rounds."""
     url, watch = endpoints(fleet)["gateway"]
     ratios: dict[str, list[float]] = {}
     figures: Figures = {}
-    for _ in range(API_ROUNDS):
+    for _ in range(phase.api_rounds):
         chat = result_figures(_loadgen(fleet, url + CHAT_PATH, watch, *phase.args))
         for api, path in API_PATHS.items():
             found = result_figures(_loadgen(fleet, url + path, watch, *phase.args, "--api",

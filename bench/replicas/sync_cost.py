@@ -38,6 +38,7 @@ from gateway.cli.localproc import ProcessGroup, start_redis
 from routing.index_approx import ApproxPrefixIndex
 
 CLIENTS = ("redis-py", "plain")
+SEND_TIMEOUT_S = 10.0  # how long the writer waits for its last entries to reach the stream
 
 
 def _cpu_s() -> float:
@@ -66,6 +67,11 @@ async def _writer(url: str, client: str, entries: int, interval_s: float) -> dic
         await asyncio.sleep(max(0.0, due - time.monotonic()))
     await asyncio.sleep(interval_s)  # the last one sent
     cpu_s, elapsed_s = _cpu_s() - cpu_before, time.monotonic() - started_s
+    # On a busy machine the last flush may still be on its way: stopping the sync now would
+    # cancel it, and the reader would wait out its timeout for an entry that never came.
+    deadline_s = time.monotonic() + SEND_TIMEOUT_S
+    while await redis.xlen(APPROX_STREAM) < entries and time.monotonic() < deadline_s:  # noqa: ASYNC110
+        await asyncio.sleep(0.01)
     await _stop(task)
     await redis.aclose()
     return {"entries": entries, "cpu_s": cpu_s, "elapsed_s": elapsed_s,
