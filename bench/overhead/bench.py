@@ -87,7 +87,6 @@ class Phase:
     name: str
     args: tuple[str, ...]
     num_warmup: int
-    api_rounds: int = 3
 
 
 def phases(plan: Plan, mode: str = "third-party") -> list[Phase]:
@@ -112,8 +111,7 @@ def phases(plan: Plan, mode: str = "third-party") -> list[Phase]:
                           str(plan.max_tokens), *warmup), plan.num_warmup),
     ]
     # Own fleet: simulated workers, which the mock's per-request pacing does not reach.
-    return [dataclasses.replace(p, api_rounds=plan.api_rounds) for p in found
-            if mode != "own" or p.name != "paced_stream"]
+    return [p for p in found if mode != "own" or p.name != "paced_stream"]
 
 
 # Phases also run through the gateway with BACKEND_COUNTS[1] backends ("gateway64").
@@ -167,7 +165,7 @@ def result_figures(result: dict[str, Any]) -> Figures:
     return figures
 
 
-def measure_phase(fleet: BenchFleet, phase: Phase) -> Figures:
+def measure_phase(fleet: BenchFleet, phase: Phase, api_rounds: int) -> Figures:
     figures: Figures = {}
     for target, (url, watch) in endpoints(fleet, phase.name).items():
         writes_before = fleet.streamed_chunks() if target == "gateway" else 0.0
@@ -180,17 +178,17 @@ def measure_phase(fleet: BenchFleet, phase: Phase) -> Figures:
             figures[f"{phase.name}.gateway.writes_per_stream"] = writes / (
                 result["num_ok"] + phase.num_warmup)
     if phase.name in API_PHASES:
-        figures.update(measure_apis(fleet, phase))
+        figures.update(measure_apis(fleet, phase, api_rounds))
     return figures
 
 
-def measure_apis(fleet: BenchFleet, phase: Phase) -> Figures:
+def measure_apis(fleet: BenchFleet, phase: Phase, rounds: int) -> Figures:
     """The gateway's CPU for Messages and Responses requests against chat's: per request
-    and per relayed event, each ratio the median over ``phase.api_rounds`` adjacent rounds."""
+    and per relayed event, each ratio the median over ``rounds`` adjacent rounds."""
     url, watch = endpoints(fleet)["gateway"]
     ratios: dict[str, list[float]] = {}
     figures: Figures = {}
-    for _ in range(phase.api_rounds):
+    for _ in range(rounds):
         chat = result_figures(_loadgen(fleet, url + CHAT_PATH, watch, *phase.args))
         for api, path in API_PATHS.items():
             found = result_figures(_loadgen(fleet, url + path, watch, *phase.args, "--api",
@@ -241,7 +239,7 @@ def derived(figures: Figures) -> Figures:
 def measure_run(fleet: BenchFleet, plan: Plan) -> Figures:
     figures: Figures = {}
     for phase in phases(plan, fleet.mode):
-        figures.update(measure_phase(fleet, phase))
+        figures.update(measure_phase(fleet, phase, plan.api_rounds))
     figures.update(derived(figures))
     return figures
 
