@@ -117,13 +117,21 @@ def test_a_cached_prefix_lowers_ttft_by_the_modelled_amount(
     # A first request pays one-off costs (connection, first-use paths); an unrelated prompt
     # of the same length takes them, so only the cache differs between cold and warm.
     _ttft_s(fleet.urls[0], [7000 + (i % 5000) for i in range(2048)])
-    prompt = [1000 + (i % 5000) for i in range(2048)]
-    cold, cold_cached = _ttft_s(fleet.urls[0], prompt)
-    warm, warm_cached = _ttft_s(fleet.urls[0], prompt)
-    assert cold_cached == 0
-    assert warm_cached == 2032  # all full blocks but the last, which is recomputed
-    modelled_drop_s = b_s_per_token * warm_cached
-    assert abs((cold - warm) - modelled_drop_s) <= 0.10 * modelled_drop_s, (cold, warm)
+    # A busy machine only ever adds to a modelled wait, so the fastest of three cold and of
+    # three warm requests (three distinct prompts) is the modelled time plus the least noise.
+    colds: list[float] = []
+    warms: list[float] = []
+    for base in (20_000, 30_000, 40_000):
+        prompt = [base + (i % 5000) for i in range(2048)]
+        cold, cold_cached = _ttft_s(fleet.urls[0], prompt)
+        warm, warm_cached = _ttft_s(fleet.urls[0], prompt)
+        assert cold_cached == 0
+        assert warm_cached == 2032  # all full blocks but the last, which is recomputed
+        colds.append(cold)
+        warms.append(warm)
+    modelled_drop_s = b_s_per_token * 2032
+    drop_s = min(colds) - min(warms)
+    assert abs(drop_s - modelled_drop_s) <= 0.10 * modelled_drop_s, (colds, warms)
 
 
 def test_kv_capacity_limits_concurrency(procs: ProcessGroup, tmp_path: Path) -> None:
