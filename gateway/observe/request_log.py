@@ -4,7 +4,7 @@ Off by default (``request_log.mode``); ``sampled`` writes a ``sample_rate`` shar
 successful requests and every failed one, ``all`` every request; to stdout or to ``path``
 (appended, mode 0600). A line holds ids, never secrets or text: the request id, tenant, key id
 (never the key), model, tier, backend, status, error code, prompt / cached / output tokens,
-TTFT, total time and the wait that took longest; the prompt's text only with
+TTFT, total time, each wait's seconds and the wait that took longest; the prompt's text only with
 ``include_prompt``. Routed requests also say why their prompt was or was not cached:
 ``expected_cached_tokens``, what routing expected the chosen backend to hold of the prompt, and
 ``best_cached_tokens``, the most that any backend held by the prefix index then. Against
@@ -16,6 +16,7 @@ index last heard (cached well below expected). Example line::
      "model":"m","tier":"standard","route":"chat","stream":true,"backend":"sim-0",
      "status":200,"error":null,"prompt_tokens":812,"cached_tokens":768,"output_tokens":40,
      "ttft_s":0.031,"total_s":0.42,"dominant_wait":"streaming",
+     "waits":{"auth":0.0001,"quota":0.0002,"routing":0.0003,"upstream_ttft":0.029,…},
      "expected_cached_tokens":768,"best_cached_tokens":768}
 """
 
@@ -61,6 +62,7 @@ def request_record(request_id: str, trace: RequestTrace, started_s: float, statu
                    if trace.first_byte_s is not None else None),
         "total_s": round(time.perf_counter() - started_s, 6),
         "dominant_wait": max(waits, key=waits.__getitem__) if waits else None,
+        "waits": {wait: round(seconds, 6) for wait, seconds in waits.items()},
     }
 
 

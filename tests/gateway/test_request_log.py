@@ -42,7 +42,9 @@ def test_every_request_gets_a_line(procs: ProcessGroup, workdir: Path, redis_url
         tenant["id"], MODEL, 200, None, True)
     assert ok["key_id"] and ok["backend"] == engines[0].name and ok["tier"]
     assert ok["prompt_tokens"] > 0 and ok["output_tokens"] == 5
-    assert 0 < ok["ttft_s"] <= ok["total_s"] and ok["dominant_wait"]
+    assert 0 < ok["ttft_s"] <= ok["total_s"] and ok["dominant_wait"] in ok["waits"]
+    # The engine's part of the first token is inside the gateway's.
+    assert 0 < ok["waits"]["upstream_ttft"] < ok["ttft_s"]
     missing = by_id["rl-404"]
     assert (missing["status"], missing["error"], missing["model"]) == (404, "model_not_found",
                                                                        None)

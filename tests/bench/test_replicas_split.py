@@ -1,0 +1,75 @@
+"""``bench.replicas.split``: each hit's TTFT split into the engine's, the gateway's and the
+rest by its gateway's request-log line, pooled over invocations per mode and replica count."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.replicas.split import hit_parts, main, parts_of
+
+
+def record(index: int, ttft_s: float, cached: int = 1800, sent_at_s: float = 20.0
+           ) -> dict[str, Any]:
+    return {"index": index, "sent_at_s": sent_at_s, "ttft_s": ttft_s, "status": 200,
+            "error": None, "num_prompt_tokens": 2000, "num_cached_tokens": cached,
+            "ideal_cached_tokens": 1800}
+
+
+def write_run(tmp_path: Path, name: str, runs: dict[str, list[tuple[dict[str, Any], float, float]]]
+              ) -> Path:
+    """A result JSON with its fleet's logs: per run label, (record, gateway TTFT, engine TTFT)."""
+    result: dict[str, Any] = {"config": {"warmup_s": 10}, "modes": ["own"], "own": {"runs": {}}}
+    for label, rows in runs.items():
+        run_dir = tmp_path / f"{name}-fleet" / f"own-{label.replace(' ', '-')}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "gateway-0.log").write_text("listening\n" + "".join(
+            json.dumps({"request_id": f"bench-{r['index']}", "ttft_s": gateway_s,
+                        "waits": {"upstream_connect": 0.001, "upstream_ttft": engine_s - 0.001}})
+            + "\n" for r, gateway_s, engine_s in rows))
+        result["own"]["runs"][label] = {"records": [r for r, _, _ in rows]}
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(result))
+    return path
+
+
+def test_a_hit_splits_into_engine_gateway_and_outside() -> None:
+    parts = parts_of(record(1, 0.050), {"ttft_s": 0.040,
+                                        "waits": {"upstream_connect": 0.002,
+                                                  "upstream_ttft": 0.030}})
+    assert parts == pytest.approx({"client": 0.050, "engine": 0.032, "gateway": 0.008,
+                                   "outside": 0.010})
+    assert parts_of(record(1, 0.050), {"ttft_s": 0.040, "waits": {}}) is None
+    assert parts_of(record(1, 0.050), None) is None
+
+
+def test_hits_after_the_warmup_are_pooled_over_files_per_run(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    first = write_run(tmp_path, "a", {
+        "1": [(record(1, 0.030), 0.025, 0.020), (record(2, 0.300, cached=0), 0.29, 0.28),
+              (record(3, 0.040, sent_at_s=1.0), 0.03, 0.02)],
+        "2": [(record(1, 0.060), 0.050, 0.045)]})
+    second = write_run(tmp_path, "b", {"1": [(record(7, 0.032), 0.026, 0.021)],
+                                       "2": [(record(7, 0.064), 0.052, 0.046)]})
+    pooled = hit_parts([first, second])
+    # The miss (request 2) and the one in the warm-up (request 3) are left out.
+    assert pooled["own", "1"]["client"] == pytest.approx([0.030, 0.032])
+    assert pooled["own", "2"]["engine"] == pytest.approx([0.045, 0.046])
+    assert pooled["own", "2"]["outside"] == pytest.approx([0.010, 0.012])
+    assert main([str(first), str(second)]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    two = next(row for row in rows if row.startswith("own          2 "))
+    assert "2.00x" in two  # the client's TTFT doubled with two replicas, at p50
+
+
+def test_logs_without_waits_say_how_to_get_them(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"config": {"warmup_s": 10}, "modes": ["own"],
+                                "own": {"runs": {"1": {"records": [record(1, 0.03)]}}}}))
+    assert main([str(path)]) == 1
+    assert "request_log.mode=all" in capsys.readouterr().err
