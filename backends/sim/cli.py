@@ -37,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fleet", type=Path, help="YAML list of per-worker profile overrides, "
                         "e.g. [{speed_factor: 0.5, num_kv_blocks: 8192}, {}]")
     parser.add_argument("--heartbeat-interval-s", type=float, default=1.0)
+    parser.add_argument("--request-log", type=Path,
+                        help="append one JSON line per request to this file: its id "
+                             "(x-request-id), worker, prompt and cached tokens, and its queue, "
+                             "prefill and TTFT by the worker's clock")
     for name, kind in _PROFILE_FLAGS.items():
         parser.add_argument("--" + name.replace("_", "-"), type=kind, dest=name)
     return parser
@@ -57,7 +61,7 @@ def config_from_args(args: argparse.Namespace) -> SimFleetConfig:
         tokenizer=args.tokenizer, redis_url=args.redis_url, seed=args.seed,
         jitter_frac=args.jitter, base_profile=base, per_worker=per_worker,
         latency=LatencyModel.from_json(args.latency_json) if args.latency_json else LatencyModel(),
-        heartbeat_interval_s=args.heartbeat_interval_s,
+        heartbeat_interval_s=args.heartbeat_interval_s, request_log=args.request_log,
     )
 
 

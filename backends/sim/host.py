@@ -13,7 +13,8 @@ import contextlib
 import logging
 import signal
 from dataclasses import dataclass, field, replace
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from aiohttp import web
 
@@ -44,6 +45,8 @@ class SimFleetConfig:
     per_worker: tuple[dict[str, Any], ...] = ()  # overrides for worker i (heterogeneous fleets)
     worker_id_prefix: str = "sim"
     heartbeat_interval_s: float = 1.0
+    # Append one JSON line per request to this file: its engine phases (``server.phases_line``).
+    request_log: Path | None = None
 
 
 def worker_profiles(config: SimFleetConfig) -> list[WorkerProfile]:
@@ -58,8 +61,10 @@ def worker_profiles(config: SimFleetConfig) -> list[WorkerProfile]:
 
 
 async def start_fleet(
-    config: SimFleetConfig,
+    config: SimFleetConfig, request_log: IO[str] | None = None,
 ) -> tuple[list[SimWorker], list[web.AppRunner], list[asyncio.Task[None]], list[KvPublisher]]:
+    """Start the workers' engines and HTTP servers; ``request_log`` (an open text file) gets
+    every worker's request lines."""
     tokenizer = get_tokenizer(config.tokenizer)
     redis = redis_from_url(config.redis_url) if config.redis_url else None
     workers, runners, tasks, publishers = [], [], [], []
@@ -77,8 +82,8 @@ async def start_fleet(
             publishers.append(publisher)
         worker = SimWorker(worker_id, profile, publisher=publisher,
                            jitter_frac=config.jitter_frac, seed=config.seed + index)
-        runner = web.AppRunner(create_app(worker, tokenizer), handler_cancellation=True,
-                               access_log=None)
+        runner = web.AppRunner(create_app(worker, tokenizer, request_log),
+                               handler_cancellation=True, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, config.host, port, reuse_address=True).start()
         tasks.append(asyncio.create_task(worker.run(), name=f"{worker_id}-engine"))
@@ -91,7 +96,15 @@ async def start_fleet(
 
 
 async def run_fleet(config: SimFleetConfig) -> None:
-    workers, runners, tasks, publishers = await start_fleet(config)
+    with contextlib.ExitStack() as files:
+        request_log = None
+        if config.request_log is not None:
+            request_log = files.enter_context(config.request_log.open("a", buffering=1))
+        await _serve_fleet(config, request_log)
+
+
+async def _serve_fleet(config: SimFleetConfig, request_log: IO[str] | None) -> None:
+    workers, runners, tasks, publishers = await start_fleet(config, request_log)
     last = config.base_port + len(workers) - 1
     print(f"switchyard sim: {len(workers)} workers serving {config.model!r} on "
           f"http://{config.host}:{config.base_port}..{last}", flush=True)

@@ -9,16 +9,19 @@ at once.
 
 With tracing on (the standard ``OTEL_*`` variables, as for the gateway), each request adds a
 SERVER span to the trace named by its ``traceparent``, with engine_queue, prefill and decode
-spans timed by the worker's own clock.
+spans timed by the worker's own clock. With a request log (``--request-log``), each request
+also gets a JSON line there (``phases_line``): where the engine's part of its TTFT went, joined
+to the gateway's request log by the request id.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import IO, Any
 
 import orjson
 from aiohttp import web
@@ -30,6 +33,7 @@ from backends.engine_core.request import (
     EngineRequestError,
     parse_engine_request,
 )
+from backends.engine_core.types import EnginePhases
 from backends.engine_http import (
     DONE_EVENT,
     HEALTH_BODY,
@@ -61,6 +65,7 @@ from backends.tokenizer import Tokenizer
 
 WORKER = web.AppKey("sim_worker", SimWorker)
 TOKENIZER = web.AppKey("sim_tokenizer", Tokenizer)
+REQUEST_LOG: web.AppKey[IO[str]] = web.AppKey("sim_request_log")
 SERVICE_NAME = "switchyard-sim"  # the spans' service.name unless OTEL_SERVICE_NAME sets one
 DEFAULT_MAX_TOKENS = 256
 # Output "tokens" of the simulator: one word each, cycled. Only their count matters.
@@ -80,10 +85,13 @@ _SLOT = "\x00"  # stands for the token's word in a stream's frame; JSON-escaped,
 _SLOT_JSON = orjson.dumps(_SLOT)
 
 
-def create_app(worker: SimWorker, tokenizer: Tokenizer) -> web.Application:
+def create_app(worker: SimWorker, tokenizer: Tokenizer, request_log: IO[str] | None = None
+               ) -> web.Application:
     app = web.Application(client_max_size=MAX_REQUEST_BODY_BYTES)
     app[WORKER] = worker
     app[TOKENIZER] = tokenizer
+    if request_log is not None:
+        app[REQUEST_LOG] = request_log
     tracer(SERVICE_NAME)  # a bad OTEL_* setting fails at start, not on the first request
     add_openai_routes(app, _serve, models=_models, health=_health, metrics=_metrics,
                       embeddings=_serve_embeddings)
@@ -169,11 +177,34 @@ async def _run(request: web.Request, parsed: EngineRequest, started_ns: int,
         return await respond(handle)
     finally:
         worker.abort(seq_id)  # no-op once finished; frees KV when the client went away
+        if (request_log := request.app.get(REQUEST_LOG)) is not None:
+            line = phases_line(request.headers.get("x-request-id"), worker.worker_id,
+                               handle.phases())
+            with contextlib.suppress(OSError):  # a full disk must not fail the request
+                request_log.write(line)
         if (spans := tracer(SERVICE_NAME)) is not None:
             trace_request(spans, request, is_chat=parsed.is_chat, model=parsed.model,
                           max_tokens=parsed.max_tokens, phases=handle.phases(),
                           finish_reason=handle.finish_reason, worker_id=worker.worker_id,
                           started_ns=started_ns)
+
+
+def phases_line(request_id: str | None, worker_id: str, phases: EnginePhases) -> str:
+    """A request's request-log line: ``request_id`` (the caller's, or null), ``worker``,
+    ``prompt_tokens``, ``cached_tokens``, ``output_tokens``, ``preemptions``, and in seconds by
+    the worker's clock ``arrival_s``, ``queue_s`` (to its first step), ``prefill_s`` (from
+    then to its first token) and ``ttft_s`` (their sum); null for a phase never reached (the
+    client left)."""
+    arrival_s, scheduled_s, first_s = phases.arrival_s, phases.scheduled_s, phases.first_token_s
+    return orjson.dumps({
+        "request_id": request_id, "worker": worker_id, "arrival_s": round(arrival_s, 6),
+        "queue_s": None if scheduled_s is None else round(scheduled_s - arrival_s, 6),
+        "prefill_s": (None if scheduled_s is None or first_s is None
+                      else round(first_s - scheduled_s, 6)),
+        "ttft_s": None if first_s is None else round(first_s - arrival_s, 6),
+        "prompt_tokens": phases.num_prompt_tokens, "cached_tokens": phases.num_cached_tokens,
+        "output_tokens": phases.num_output_tokens, "preemptions": phases.num_preemptions,
+    }).decode() + "\n"
 
 
 async def _serve_embeddings(request: web.Request) -> web.StreamResponse:

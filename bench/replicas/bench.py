@@ -101,6 +101,7 @@ class Settings:
     is_extras: bool = True  # convergence, revocation and quota on the largest fleet
     is_ballast: bool = True  # one replica again with the largest fleet's extra CPU burnt
     overrides: tuple[tuple[str, Any], ...] = ()  # gateway settings (ReplicaSpec.overrides)
+    is_engine_log: bool = False  # each run's engines log their requests' phases
     workdir: Path = Path("bench/results/replicas-fleet")
 
     @property
@@ -299,7 +300,8 @@ def gateway_side_cores(run: Mapping[str, Any]) -> float:
 def run_mode(mode: Mode, settings: Settings, num_kv_blocks: int) -> dict[str, Any]:
     """Every run of one mode, then the ratios to one replica."""
     base = ReplicaSpec(mode, 1, num_workers=settings.num_workers, num_kv_blocks=num_kv_blocks,
-                       speed_factor=settings.speed_factor, overrides=settings.overrides)
+                       speed_factor=settings.speed_factor, overrides=settings.overrides,
+                       engine_log=settings.is_engine_log)
     largest = max(settings.replicas)
     runs: dict[str, dict[str, Any]] = {}
     out: dict[str, Any] = {}
@@ -374,6 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                         help="a gateway setting over the bench's, e.g. routing.share_push_ms=5 "
                              "(YAML value; repeatable)")
+    parser.add_argument("--engine-log", action="store_true",
+                        help="the simulated engines log each request's queue and prefill "
+                             "(sim-requests.jsonl in each run's fleet folder), which "
+                             "bench.replicas.split reads")
     parser.add_argument("--quota-window", type=float, default=30.0, help="seconds")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: replicas 1,2, 10 s runs, 10 s quota window")
@@ -406,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                         is_control=not args.no_control, is_pinned=not args.no_pin,
                         is_driver_apart=not args.driver_with_gateways,
                         is_extras=not args.no_extras, is_ballast=not args.no_ballast,
-                        overrides=overrides,
+                        overrides=overrides, is_engine_log=args.engine_log,
                         quota_window_s=args.quota_window,
                         workdir=out_path.with_name(out_path.stem + "-fleet"))
     if args.quick:

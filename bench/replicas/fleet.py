@@ -49,6 +49,7 @@ class ReplicaSpec:
     # Gateway settings set over the bench's (dotted path, value), e.g. ("routing.share_push_ms",
     # 5): for experiments, recorded with the run.
     overrides: tuple[tuple[str, Any], ...] = ()
+    engine_log: bool = False  # FleetSpec.engine_log
 
     def __post_init__(self) -> None:
         if not self.is_shared and self.mode == "own":
@@ -59,7 +60,8 @@ class ReplicaSpec:
     def routing_spec(self) -> FleetSpec:
         return FleetSpec(PROFILE, "exact" if self.mode == "own" else "approx",
                          num_workers=self.num_workers, num_kv_blocks=self.num_kv_blocks,
-                         speed_factor=self.speed_factor, mode=self.mode)
+                         speed_factor=self.speed_factor, mode=self.mode,
+                         engine_log=self.engine_log)
 
 
 @dataclass(slots=True)

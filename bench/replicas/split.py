@@ -12,8 +12,17 @@ client saw it (the run's record) so splits into
 - **outside**: the record's TTFT less the gateway's ``ttft_s`` (the front, the client, the
   loopback between them).
 
+With ``--engine-log`` too, the simulated engines' own lines (``backends.sim --request-log``)
+split the engine's part further, in the engines' modelled time (which the machine's load does
+not stretch): **queue** (arrival to its first step) and **prefill** (to its first token). A
+hit's prefill is long when its step also prefills another request's many uncached tokens, so
+each run also counts its **big prefills** (at least ``BIG_PREFILL_TOKENS`` uncached, after the
+warm-up: cache misses and new prompts) and the hits that arrived on the same engine while one
+ran; those hits make much of a run's p99.
+
 Pooled over every JSON given (runs of one invocation are repeats, as in
-``bench.replicas.pool``), each part's p50 / p90 / p99 over the hits sent after the warm-up, and
+``bench.replicas.pool``), each part's p50 / p90 / p99 over the hits sent after the warm-up
+(requests an ideal router would have served partly from cache, that were no miss), and
 its ratio to the one-replica runs (``1``) of the same mode. A part whose ratio stands out is
 where N replicas lose time: the engine's (the replicas' view of the queues) or the gateway's
 and the front's (CPU).
@@ -31,28 +40,80 @@ from pathlib import Path
 from typing import Any
 
 from bench.common.stats import percentile
-from bench.replicas.misses import log_lines
+from bench.replicas.misses import ID_PREFIX, log_lines
 from bench.replicas.pool import REFERENCE, is_counted
 from bench.routing.figures import is_miss
+from bench.routing.fleet import ENGINE_LOG
 
-PARTS = ("client", "engine", "gateway", "outside")
+PARTS = ("client", "engine", "gateway", "outside", "queue", "prefill")
+BIG_PREFILL_TOKENS = 512
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 
 
-def parts_of(record: Mapping[str, Any], line: Mapping[str, Any] | None) -> dict[str, float] | None:
-    """A request's TTFT split into ``PARTS`` (seconds); None without a logged line or TTFT."""
+def parts_of(record: Mapping[str, Any], line: Mapping[str, Any] | None,
+             engine: Mapping[str, Any] | None = None) -> dict[str, float] | None:
+    """A request's TTFT split into ``PARTS`` (seconds; ``queue`` and ``prefill`` only with the
+    engine's line); None without a logged gateway line or TTFT."""
     if line is None or record["ttft_s"] is None or line.get("ttft_s") is None:
         return None
     waits = line.get("waits") or {}
     if "upstream_ttft" not in waits:
         return None
     engine_s = waits["upstream_ttft"] + waits.get("upstream_connect", 0.0)
-    return {"client": record["ttft_s"], "engine": engine_s,
-            "gateway": line["ttft_s"] - engine_s, "outside": record["ttft_s"] - line["ttft_s"]}
+    parts = {"client": record["ttft_s"], "engine": engine_s,
+             "gateway": line["ttft_s"] - engine_s, "outside": record["ttft_s"] - line["ttft_s"]}
+    if engine is not None and engine.get("ttft_s") is not None:
+        parts |= {"queue": engine["queue_s"], "prefill": engine["prefill_s"]}
+    return parts
 
 
-def hit_parts(paths: Iterable[Path]) -> dict[tuple[str, str], dict[str, list[float]]]:
-    """(mode, run label) -> part -> the pooled hits' seconds."""
+def engine_lines(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """The simulated engines' request-log lines of a run, by request index."""
+    lines: dict[int, dict[str, Any]] = {}
+    path = run_dir / ENGINE_LOG
+    if not path.exists():
+        return lines
+    for text in path.read_text(errors="replace").splitlines():
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue
+        request_id = line.get("request_id") or ""
+        if request_id.startswith(ID_PREFIX) and request_id[len(ID_PREFIX):].isdigit():
+            lines[int(request_id[len(ID_PREFIX):])] = line
+    return lines
+
+
+def is_hit(record: Mapping[str, Any]) -> bool:
+    """A request an ideal router would have served partly from cache, that was no miss."""
+    ideal = record.get("ideal_cached_tokens") or 0
+    return ideal > 0 and not is_miss(record["num_cached_tokens"] or 0, ideal)
+
+
+def crowding(records: Iterable[Mapping[str, Any]], engine: Mapping[int, Mapping[str, Any]],
+             warmup_s: float) -> tuple[int, int]:
+    """The big prefills sent after the warm-up, and the hits that arrived on the same engine
+    while one of them had not had its first token."""
+    rows = []
+    for record in records:
+        line = engine.get(record["index"])
+        if line is None or line.get("ttft_s") is None or not is_counted(record, warmup_s):
+            continue
+        uncached = line["prompt_tokens"] - line["cached_tokens"]
+        rows.append((line["worker"], line["arrival_s"], line["arrival_s"] + line["ttft_s"],
+                     uncached >= BIG_PREFILL_TOKENS, record))
+    bigs = [(worker, start, end) for worker, start, end, is_big, _ in rows if is_big]
+    num_crowded = sum(
+        1 for worker, arrival_s, _, is_big, record in rows
+        if not is_big and is_hit(record)
+        and any(w == worker and start < arrival_s < end for w, start, end in bigs))
+    return len(bigs), num_crowded
+
+
+def hit_parts(paths: Iterable[Path], crowds: dict[tuple[str, str], list[int]] | None = None
+              ) -> dict[tuple[str, str], dict[str, list[float]]]:
+    """(mode, run label) -> part -> the pooled hits' seconds; with ``crowds``, also each run's
+    big prefills and crowded hits added up there (``crowding``), where engine logs exist."""
     pooled: dict[tuple[str, str], dict[str, list[float]]] = {}
     for path in paths:
         result = json.loads(path.read_text())
@@ -61,14 +122,19 @@ def hit_parts(paths: Iterable[Path]) -> dict[tuple[str, str], dict[str, list[flo
         for mode in result.get("modes", []):
             runs = (result.get(mode.replace("-", "_"), result.get(mode)) or {}).get("runs", {})
             for label, run in runs.items():
-                lines = log_lines(fleet_dir / f"{mode}-{label.replace(' ', '-')}")
+                run_dir = fleet_dir / f"{mode}-{label.replace(' ', '-')}"
+                lines, engine = log_lines(run_dir), engine_lines(run_dir)
                 columns = pooled.setdefault((mode, label), {part: [] for part in PARTS})
-                for record in run.get("records") or []:
-                    ideal = record.get("ideal_cached_tokens")
-                    if (not is_counted(record, warmup_s) or ideal is None
-                            or is_miss(record["num_cached_tokens"] or 0, ideal)):
+                records = run.get("records") or []
+                if crowds is not None and engine:
+                    counts = crowds.setdefault((mode, label), [0, 0])
+                    for i, count in enumerate(crowding(records, engine, warmup_s)):
+                        counts[i] += count
+                for record in records:
+                    if not is_counted(record, warmup_s) or not is_hit(record):
                         continue
-                    parts = parts_of(record, lines.get(record["index"]))
+                    parts = parts_of(record, lines.get(record["index"]),
+                                     engine.get(record["index"]))
                     if parts is not None:
                         for part, seconds in parts.items():
                             columns[part].append(seconds)
@@ -76,14 +142,16 @@ def hit_parts(paths: Iterable[Path]) -> dict[tuple[str, str], dict[str, list[flo
 
 
 def table(pooled: Mapping[tuple[str, str], Mapping[str, list[float]]]) -> list[str]:
-    """One row per mode and run: each part's percentiles (ms) and ratios to one replica."""
+    """One row per mode and run: each part's percentiles (ms) and ratios to one replica (the
+    engine's queue and prefill only where some run has them)."""
+    parts = [part for part in PARTS if any(columns[part] for columns in pooled.values())]
     header = f"{'mode':<12} {'N':<8} {'hits':>6}  " + "  ".join(
-        f"{part + ' ' + name:>15}" for part in PARTS for name, _ in QUANTILES)
+        f"{part + ' ' + name:>15}" for part in parts for name, _ in QUANTILES)
     rows = [header]
     for (mode, label), columns in sorted(pooled.items()):
         reference = pooled.get((mode, REFERENCE))
         cells = []
-        for part in PARTS:
+        for part in parts:
             for _, q in QUANTILES:
                 values = columns[part]
                 if not values:
@@ -103,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+", type=Path, help="bench.replicas JSON files")
     args = parser.parse_args(argv)
+    crowds: dict[tuple[str, str], list[int]] = {}
     try:
-        pooled = hit_parts(args.results)
+        pooled = hit_parts(args.results, crowds)
     except (OSError, ValueError, KeyError) as exc:
         print(f"cannot read the results: {exc}", file=sys.stderr)
         return 2
@@ -113,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
               "--set request_log.mode=all", file=sys.stderr)
         return 1
     print("\n".join(table(pooled)))
+    for (mode, label), (num_big, num_crowded) in sorted(crowds.items()):
+        print(f"{mode} N={label}: {num_big} big prefills (>= {BIG_PREFILL_TOKENS} uncached "
+              f"tokens), {num_crowded} hits arrived on their engine during one")
     return 0
 
 

@@ -32,6 +32,7 @@ from bench.run.workers import parse_counters
 from gateway.cli.localfleet import SIM_MODEL, LocalFleet
 
 MODEL = SIM_MODEL
+ENGINE_LOG = "sim-requests.jsonl"  # FleetSpec.engine_log's file in the fleet's folder
 Index = Literal["approx", "exact"]
 # Counters read from each worker before and after a run (see `scrape_workers`).
 _EXTRA_COUNTERS = {"generation_tokens": "vllm:generation_tokens_total",
@@ -52,6 +53,9 @@ class FleetSpec:
     num_kv_blocks: int | None = None  # None: the sim's default (24,576 blocks of 16 tokens)
     speed_factor: float | None = None  # None: the sim's default (1.0, one H100)
     mode: Mode = "own"
+    # The simulated engines log each request's phases (queue, prefill) to ENGINE_LOG in the
+    # fleet's folder (``backends.sim --request-log``).
+    engine_log: bool = False
 
     def __post_init__(self) -> None:
         if self.mode == "third-party" and self.index == "exact":
@@ -99,6 +103,8 @@ def start_workers(fleet: LocalFleet, spec: FleetSpec) -> list[str]:
         flags += ["--num-kv-blocks", str(spec.num_kv_blocks)]
     if spec.speed_factor is not None:
         flags += ["--speed-factor", str(spec.speed_factor)]
+    if spec.engine_log:
+        flags += ["--request-log", str(fleet.workdir / ENGINE_LOG)]
     is_own = spec.mode == "own"
     return fleet.start_sims(spec.num_workers, model=MODEL, has_redis=is_own, flags=flags,
                             health_timeout_s=None if is_own else 30)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from bench.replicas.split import hit_parts, main, parts_of
+from bench.routing.fleet import ENGINE_LOG
 
 
 def record(index: int, ttft_s: float, cached: int = 1800, sent_at_s: float = 20.0
@@ -73,3 +74,31 @@ def test_logs_without_waits_say_how_to_get_them(tmp_path: Path,
                                 "own": {"runs": {"1": {"records": [record(1, 0.03)]}}}}))
     assert main([str(path)]) == 1
     assert "request_log.mode=all" in capsys.readouterr().err
+
+
+def test_engine_logs_split_the_engines_part_and_count_hits_behind_big_prefills(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    big, crowded, alone = record(1, 0.200, cached=0), record(2, 0.060), record(3, 0.030)
+    big["ideal_cached_tokens"] = 0  # a new prompt: no miss, but all of it to prefill
+    path = write_run(tmp_path, "e", {"1": [(big, 0.19, 0.18), (crowded, 0.05, 0.045),
+                                           (alone, 0.025, 0.02)]})
+
+    def engine(r: dict[str, Any], worker: str, arrival_s: float, queue_s: float,
+               prefill_s: float) -> str:
+        return json.dumps({
+            "request_id": f"bench-{r['index']}", "worker": worker, "arrival_s": arrival_s,
+            "queue_s": queue_s, "prefill_s": prefill_s, "ttft_s": queue_s + prefill_s,
+            "prompt_tokens": r["num_prompt_tokens"], "cached_tokens": r["num_cached_tokens"]})
+
+    # The crowded hit arrives on sim-0 during the big prefill; the other one on sim-1.
+    (tmp_path / "e-fleet" / "own-1" / ENGINE_LOG).write_text("\n".join([
+        engine(big, "sim-0", 100.0, 0.0, 0.17), engine(crowded, "sim-0", 100.05, 0.0, 0.04),
+        engine(alone, "sim-1", 100.06, 0.001, 0.017)]) + "\n")
+    crowds: dict[tuple[str, str], list[int]] = {}
+    pooled = hit_parts([path], crowds)
+    assert pooled["own", "1"]["prefill"] == pytest.approx([0.04, 0.017])
+    assert pooled["own", "1"]["queue"] == pytest.approx([0.0, 0.001])
+    assert crowds == {("own", "1"): [1, 1]}
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "prefill p99" in out and "1 big prefills" in out and "1 hits arrived" in out

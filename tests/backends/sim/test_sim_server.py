@@ -134,6 +134,35 @@ def test_a_cached_prefix_lowers_ttft_by_the_modelled_amount(
     assert abs(drop_s - modelled_drop_s) <= 0.10 * modelled_drop_s, (colds, warms)
 
 
+def test_the_request_log_splits_each_requests_ttft_into_queue_and_prefill(
+        procs: ProcessGroup, tmp_path: Path) -> None:
+    log = tmp_path / "sim-requests.jsonl"
+    b_s_per_token = 100e-6
+    fleet = SimFleet(procs, tmp_path, num_workers=2, request_log=log, latency={
+        "a_s": 0.005, "b_s_per_token": b_s_per_token, "c_s_per_seq": 0.0,
+        "d_s_per_kv_token": 0.0,
+    })
+    prompt = [3000 + i for i in range(1000)]
+    for request_id in ("first", "again"):
+        httpx.post(fleet.urls[1] + "/v1/completions", headers={"x-request-id": request_id},
+                   json={"model": MODEL, "prompt": prompt, "max_tokens": 3},
+                   timeout=30).raise_for_status()
+    httpx.post(fleet.urls[0] + "/v1/completions", json={
+        "model": MODEL, "prompt": prompt[:100], "max_tokens": 1}, timeout=30).raise_for_status()
+    lines = [orjson.loads(line) for line in log.read_text().splitlines()]
+    first, again, anonymous = lines
+    assert (first["request_id"], again["request_id"], anonymous["request_id"]) == (
+        "first", "again", None)
+    assert first["worker"] == again["worker"] != anonymous["worker"]
+    assert (first["prompt_tokens"], first["cached_tokens"], first["output_tokens"]) == (
+        1000, 0, 3)
+    assert again["cached_tokens"] == 992  # all full blocks but the last
+    for line in lines:
+        assert line["ttft_s"] == pytest.approx(line["queue_s"] + line["prefill_s"], abs=2e-6)
+    # The prefill took at least its modelled time, and the cache took most of it off.
+    assert first["prefill_s"] >= 0.005 + b_s_per_token * 1000 - 1e-6 > again["prefill_s"]
+
+
 def test_kv_capacity_limits_concurrency(procs: ProcessGroup, tmp_path: Path) -> None:
     # 40 blocks of 16 tokens; each prompt needs 25, so only one request runs at a time.
     fleet = SimFleet(procs, tmp_path, num_kv_blocks=40, latency={
