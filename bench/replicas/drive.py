@@ -5,7 +5,8 @@ connection after its response (``force_close``), so the TCP front (`bench.replic
 hands every request to the next replica, as nginx's round robin does; with kept-alive
 connections a few busy connections would carry most requests to a few replicas. The workers'
 counters are read before and after, as there, and each replica's request and routing counters
-(read from the replica itself, not through the front). Example::
+(read from the replica itself, not through the front). The driver holds its garbage collector
+while it sends (`bench.common.gc_hold`). Example::
 
     run = drive_front(fleet, specs, Load(rate_per_s=26.0, send_s=50.0, seed=1))
     run.result.records, run.per_replica
@@ -22,6 +23,7 @@ import orjson
 import uvloop
 
 from backends.fleet.prom import metric_sums
+from bench.common.gc_hold import held_collections
 from bench.replicas.fleet import ReplicaFleet
 from bench.routing.drive import DriveResult, Load, _KeepingClient, _schedule
 from bench.routing.fleet import scrape_workers
@@ -85,7 +87,8 @@ def drive_front(fleet: ReplicaFleet, specs: Iterator[RequestSpec], load: Load) -
     """Send ``specs`` through the front as ``load`` says; blocks until the run is over."""
     workers_before, replicas_before = scrape_workers(fleet.front.worker_urls), \
         scrape_replicas(fleet)
-    records, messages = uvloop.run(_run(fleet, specs, load))
+    with held_collections():  # the driver's own GC pauses would add to the TTFTs it measures
+        records, messages = uvloop.run(_run(fleet, specs, load))
     workers_after, replicas_after = scrape_workers(fleet.front.worker_urls), \
         scrape_replicas(fleet)
     counters = {name: {key: workers_after[name][key] - workers_before[name][key]
