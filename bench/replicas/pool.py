@@ -15,6 +15,14 @@ p50 / p90 / p99, the cached share (cached / prompt tokens, over the requests tha
 usage), the misses (under half the cached tokens an ideal router would have given,
 `bench.routing.figures.is_miss`) and each figure over the pooled one-replica runs (``1``).
 
+With ``--reference both`` the reference is every one-replica run: ``1`` and ``1 again``
+together (row ``1 + 1 again``). An invocation runs one replica first and again last, with the
+N-replica runs between, so the pair brackets them in time (a machine that slows or speeds up
+over the invocation moves both sides alike), and it holds twice the requests: the single ``1``
+is itself some 5-14 % off the pair at p99 over eight runs (``docs/benchmarks/replicas.md``),
+more than the 5 % the verdict judges. ``1`` and ``1 again`` then get ratios too, which show how
+far one run of the reference is from the pair.
+
     .venv/bin/python -m bench.replicas.pool bench/results/replicas-final-{1,2,3}.json
 """
 
@@ -33,6 +41,8 @@ from bench.replicas.figures import RATIO_TOLERANCE
 from bench.routing.figures import is_miss
 
 REFERENCE = "1"
+REPEAT = "1 again"  # bench.replicas.bench.REPEAT_LABEL
+BOTH = "1 + 1 again"  # the reference of ``reference="both"``: every one-replica run
 
 
 def is_counted(record: Mapping[str, Any], warmup_s: float) -> bool:
@@ -58,8 +68,10 @@ def pool_figures(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def pool(documents: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Mode -> label -> the pooled figures, the runs pooled and the ratios to ``1``."""
+def pool(documents: Iterable[Mapping[str, Any]], reference: str = "first"
+         ) -> dict[str, dict[str, Any]]:
+    """Mode -> label -> the pooled figures, the runs pooled and the ratios to ``1`` (with
+    ``reference="both"``: to ``1`` and ``1 again`` pooled, as the row ``BOTH``)."""
     pooled: dict[str, dict[str, list[Mapping[str, Any]]]] = {}
     num_runs: dict[tuple[str, str], int] = {}
     for document in documents:
@@ -78,13 +90,16 @@ def pool(documents: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     for mode, by_label in pooled.items():
         figures = {label: pool_figures(records) | {"num_runs": num_runs[mode, label]}
                    for label, records in by_label.items()}
-        reference = figures.get(REFERENCE)
+        base = figures.get(REFERENCE)
+        if reference == "both" and REFERENCE in by_label and REPEAT in by_label:
+            base = figures[BOTH] = pool_figures(by_label[REFERENCE] + by_label[REPEAT]) | {
+                "num_runs": num_runs[mode, REFERENCE] + num_runs[mode, REPEAT]}
         for row in figures.values():
-            if reference is not None:
+            if base is not None:
                 row["ratio"] = {
-                    "ttft_p90_ms": row["ttft_ms"]["p90"] / reference["ttft_ms"]["p90"],
-                    "ttft_p99_ms": row["ttft_ms"]["p99"] / reference["ttft_ms"]["p99"],
-                    "cached_fraction": row["cached_fraction"] / reference["cached_fraction"]}
+                    "ttft_p90_ms": row["ttft_ms"]["p90"] / base["ttft_ms"]["p90"],
+                    "ttft_p99_ms": row["ttft_ms"]["p99"] / base["ttft_ms"]["p99"],
+                    "cached_fraction": row["cached_fraction"] / base["cached_fraction"]}
         out[mode] = figures
     return out
 
@@ -94,8 +109,10 @@ def _order(label: str) -> tuple[int, str]:
 
 
 def pool_markdown(pooled: Mapping[str, Mapping[str, Any]]) -> str:
-    lines = ["| mode | N | runs | requests | TTFT p50 / p90 / p99 (ms) | p90 / N=1 | p99 / N=1 "
-             "| cached / N=1 | missed | verdict |",
+    is_both = any(BOTH in figures for figures in pooled.values())
+    over = "N=1 (both)" if is_both else "N=1"
+    lines = [f"| mode | N | runs | requests | TTFT p50 / p90 / p99 (ms) | p90 / {over} "
+             f"| p99 / {over} | cached / {over} | missed | verdict |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for mode, figures in pooled.items():
         for label in sorted(figures, key=_order):
@@ -123,10 +140,13 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+", type=Path, help="bench.replicas JSON files")
     parser.add_argument("--out", type=Path, help="also write the pooled figures as JSON")
+    parser.add_argument("--reference", choices=("first", "both"), default="first",
+                        help="set the figures over the first one-replica runs (1), or over "
+                             "those and the runs of one replica again together (1 + 1 again)")
     args = parser.parse_args(argv)
     try:
         documents = [json.loads(path.read_text()) for path in args.results]
-        pooled = pool(documents)
+        pooled = pool(documents, args.reference)
     except (OSError, ValueError, KeyError) as exc:
         print(f"cannot pool {', '.join(map(str, args.results))}: {exc!r}", file=sys.stderr)
         return 2

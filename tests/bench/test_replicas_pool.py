@@ -68,3 +68,26 @@ def test_the_cli_prints_verdicts_and_refuses_results_without_records(
                                 "own": {"runs": {"1": {"ttft_ms": {}}}}}))
     assert main([str(bare)]) == 2
     assert "no request records" in capsys.readouterr().err
+
+
+def test_both_one_replica_runs_can_be_the_reference(capsys: pytest.CaptureFixture[str],
+                                                     tmp_path: Path) -> None:
+    first = [_record(i, 0.010 * (i + 1)) for i in range(10)]  # 10 .. 100 ms
+    again = [_record(i, 0.012 * (i + 1)) for i in range(10)]  # the same, run slower
+    two = [_record(i, 0.011 * (i + 1)) for i in range(10)]  # between the two
+    document = _document({"1": first, "2": two, "1 again": again})
+    rows = pool([document], reference="both")["own"]
+    assert rows["1 + 1 again"]["num_requests"] == 20 and rows["1 + 1 again"]["num_runs"] == 2
+    # Over the first run alone two replicas are 10 % slower; over both, within 5 %.
+    assert pool([document])["own"]["2"]["ratio"]["ttft_p90_ms"] == pytest.approx(1.1)
+    assert 0.95 < rows["2"]["ratio"]["ttft_p90_ms"] < 1.05
+    assert rows["1"]["ratio"]["ttft_p90_ms"] < 1.0 < rows["1 again"]["ratio"]["ttft_p90_ms"]
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(document))
+    assert main([str(path), "--reference", "both"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "p90 / N=1 (both)" in lines[0]
+    assert next(line for line in lines if "| own | 2 |" in line).endswith("PASS |")
+    assert main([str(path)]) == 0
+    assert next(line for line in capsys.readouterr().out.splitlines()
+                if "| own | 2 |" in line).endswith("FAIL |")
