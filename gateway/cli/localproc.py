@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,18 +37,39 @@ def die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+# Listeners' ports come from here: below the Redis Cluster nodes' (`_cluster_port`: 12,000 up,
+# their bus ports 22,000 up) and the kernel's ephemeral range (32,768 up by default), from which
+# every outgoing connection takes its port. A port the kernel picked for a listener (bind to 0)
+# is in that range, and a client connection could take it before the listener's own process
+# bound it (a gateway that died with "Address already in use" in a busy test run). Each process
+# walks the range from a random start, so it never hands out a port twice before the listener
+# had time to bind it, and two processes (the test suite's workers) walk far apart.
+LISTEN_PORTS = range(2_000, 12_000)
+_walk = {"next": random.randrange(LISTEN_PORTS.start, LISTEN_PORTS.stop)}
+_walk_lock = threading.Lock()
 
 
-def free_port_range(count: int, host: str = "127.0.0.1", attempts: int = 50) -> int:
-    """A base port such that ``base .. base + count - 1`` are all free right now."""
+def free_port(host: str = "127.0.0.1", attempts: int = 200) -> int:
+    """A port free on ``host`` right now, from `LISTEN_PORTS`."""
+    return free_port_range(1, host, attempts)
+
+
+def _next_base(count: int) -> int:
+    with _walk_lock:
+        base = _walk["next"]
+        if base + count > LISTEN_PORTS.stop:
+            base = LISTEN_PORTS.start
+        _walk["next"] = base + count
+        return base
+
+
+def free_port_range(count: int, host: str = "127.0.0.1", attempts: int = 200) -> int:
+    """A base port such that ``base .. base + count - 1`` are all free right now, all in
+    `LISTEN_PORTS`, and none handed out by this process lately."""
+    if not 1 <= count <= len(LISTEN_PORTS):
+        raise ValueError(f"count must be 1 to {len(LISTEN_PORTS)}, not {count}")
     for _ in range(attempts):
-        base = free_port(host)
-        if base + count > 65535:
-            continue
+        base = _next_base(count)
         socks = []
         try:
             for port in range(base, base + count):
@@ -60,7 +82,8 @@ def free_port_range(count: int, host: str = "127.0.0.1", attempts: int = 50) -> 
         finally:
             for sock in socks:
                 sock.close()
-    raise RuntimeError(f"no {count} consecutive free ports on {host}")
+    raise RuntimeError(f"no {count} consecutive free ports on {host} between "
+                       f"{LISTEN_PORTS.start} and {LISTEN_PORTS.stop}")
 
 
 class ProcessGroup:

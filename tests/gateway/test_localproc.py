@@ -1,13 +1,19 @@
-"""Local child processes never outlive a parent that was killed (no orphans holding ports)."""
+"""Local child processes never outlive a parent that was killed (no orphans holding ports), and
+the ports they listen on are handed out where no client connection takes them."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
+
+from gateway.cli.localproc import LISTEN_PORTS, free_port, free_port_range
 
 PARENT = """
 import sys, time
@@ -39,3 +45,23 @@ def test_children_die_when_the_parent_is_killed() -> None:
     while time.monotonic() < deadline and _alive(child_pid):
         time.sleep(0.05)
     assert not _alive(child_pid)
+
+
+def test_free_ports_come_from_below_the_ephemeral_range_and_never_twice_in_a_row() -> None:
+    ports = [free_port() for _ in range(50)]
+    assert all(port in LISTEN_PORTS for port in ports)
+    assert len(set(ports)) == 50  # handed out in turn, not drawn again while still unbound
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert LISTEN_PORTS.stop <= ephemeral_low
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", ports[-1] + 1))  # the next in turn is busy: skipped
+        base = free_port_range(3)
+        assert not base <= ports[-1] + 1 < base + 3
+        for port in range(base, base + 3):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", port))
+
+
+def test_a_range_larger_than_the_listen_ports_is_refused() -> None:
+    with pytest.raises(ValueError, match="count must be"):
+        free_port_range(len(LISTEN_PORTS) + 1)
