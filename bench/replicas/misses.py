@@ -32,20 +32,27 @@ from bench.routing.figures import is_miss
 ID_PREFIX = "bench-"
 
 
+def indexed_lines(text: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The JSON lines of a log ``text`` whose ``request_id`` is a bench request's, with its
+    index; other lines are skipped."""
+    for row in text.splitlines():
+        if not row.startswith("{") or ID_PREFIX not in row:
+            continue
+        try:
+            line = json.loads(row)
+        except ValueError:
+            continue
+        request_id = line.get("request_id") or ""
+        if request_id.startswith(ID_PREFIX) and request_id[len(ID_PREFIX):].isdigit():
+            yield int(request_id[len(ID_PREFIX):]), line
+
+
 def log_lines(run_dir: Path) -> dict[int, dict[str, Any]]:
     """The request-log lines of a run's gateways, by request index."""
     lines: dict[int, dict[str, Any]] = {}
     for path in sorted(run_dir.glob("gateway-*.log")):
-        for text in path.read_text(errors="replace").splitlines():
-            if not text.startswith("{") or ID_PREFIX not in text:
-                continue
-            try:
-                line = json.loads(text)
-            except ValueError:
-                continue
-            request_id = line.get("request_id") or ""
-            if request_id.startswith(ID_PREFIX) and request_id[len(ID_PREFIX):].isdigit():
-                lines[int(request_id[len(ID_PREFIX):])] = line | {"gateway": path.stem}
+        for index, line in indexed_lines(path.read_text(errors="replace")):
+            lines[index] = line | {"gateway": path.stem}
     return lines
 
 
@@ -61,32 +68,40 @@ def classify(ideal: int, line: Mapping[str, Any] | None) -> str:
     return "evicted"
 
 
+def runs_of(result: Mapping[str, Any], fleet_dir: Path
+            ) -> Iterator[tuple[str, str, Mapping[str, Any], Path]]:
+    """Each run of a bench.replicas result: its mode, label, figures and fleet folder (where
+    its gateways' and engines' logs are)."""
+    for mode in result.get("modes", []):
+        runs = (result.get(mode.replace("-", "_"), result.get(mode)) or {}).get("runs", {})
+        for label, run in runs.items():
+            yield mode, label, run, fleet_dir / f"{mode}-{label.replace(' ', '-')}"
+
+
 def misses(result: Mapping[str, Any], fleet_dir: Path
            ) -> Iterator[tuple[str, str, Counter[str], list[str]]]:
     """Per mode and run: the misses after the warm-up, counted by kind, and one line each."""
     warmup_s = float(result["config"]["warmup_s"])
-    for mode in result.get("modes", []):
-        runs = (result.get(mode.replace("-", "_"), result.get(mode)) or {}).get("runs", {})
-        for label, run in runs.items():
-            lines = log_lines(fleet_dir / f"{mode}-{label.replace(' ', '-')}")
-            kinds: Counter[str] = Counter()
-            rows = []
-            for r in run.get("records") or []:
-                ideal = r.get("ideal_cached_tokens")
-                if (r["sent_at_s"] < warmup_s or r["ttft_s"] is None or ideal is None
-                        or not is_miss(r["num_cached_tokens"] or 0, ideal)):
-                    continue
-                line = lines.get(r["index"])
-                kind = classify(ideal, line)
-                kinds[kind] += 1
-                seen = line or {}
-                rows.append(
-                    f"  {r['sent_at_s']:6.2f} s  group {r['group']:>2}  {r['worker']}  "
-                    f"{seen.get('gateway', '?')}  prompt {r['num_prompt_tokens']}  ideal {ideal}"
-                    f"  best {seen.get('best_cached_tokens')}  expected "
-                    f"{seen.get('expected_cached_tokens')}  cached {r['num_cached_tokens']}  "
-                    f"TTFT {r['ttft_s'] * 1000:.0f} ms  {kind}")
-            yield mode, label, kinds, rows
+    for mode, label, run, run_dir in runs_of(result, fleet_dir):
+        lines = log_lines(run_dir)
+        kinds: Counter[str] = Counter()
+        rows = []
+        for r in run.get("records") or []:
+            ideal = r.get("ideal_cached_tokens")
+            if (r["sent_at_s"] < warmup_s or r["ttft_s"] is None or ideal is None
+                    or not is_miss(r["num_cached_tokens"] or 0, ideal)):
+                continue
+            line = lines.get(r["index"])
+            kind = classify(ideal, line)
+            kinds[kind] += 1
+            seen = line or {}
+            rows.append(
+                f"  {r['sent_at_s']:6.2f} s  group {r['group']:>2}  {r['worker']}  "
+                f"{seen.get('gateway', '?')}  prompt {r['num_prompt_tokens']}  ideal {ideal}"
+                f"  best {seen.get('best_cached_tokens')}  expected "
+                f"{seen.get('expected_cached_tokens')}  cached {r['num_cached_tokens']}  "
+                f"TTFT {r['ttft_s'] * 1000:.0f} ms  {kind}")
+        yield mode, label, kinds, rows
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common.stats import percentile
-from bench.replicas.misses import ID_PREFIX, log_lines
+from bench.replicas.misses import indexed_lines, log_lines, runs_of
 from bench.replicas.pool import REFERENCE, is_counted
 from bench.routing.figures import is_miss
 from bench.routing.fleet import ENGINE_LOG
@@ -69,19 +69,10 @@ def parts_of(record: Mapping[str, Any], line: Mapping[str, Any] | None,
 
 def engine_lines(run_dir: Path) -> dict[int, dict[str, Any]]:
     """The simulated engines' request-log lines of a run, by request index."""
-    lines: dict[int, dict[str, Any]] = {}
     path = run_dir / ENGINE_LOG
     if not path.exists():
-        return lines
-    for text in path.read_text(errors="replace").splitlines():
-        try:
-            line = json.loads(text)
-        except ValueError:
-            continue
-        request_id = line.get("request_id") or ""
-        if request_id.startswith(ID_PREFIX) and request_id[len(ID_PREFIX):].isdigit():
-            lines[int(request_id[len(ID_PREFIX):])] = line
-    return lines
+        return {}
+    return dict(indexed_lines(path.read_text(errors="replace")))
 
 
 def is_hit(record: Mapping[str, Any]) -> bool:
@@ -119,25 +110,22 @@ def hit_parts(paths: Iterable[Path], crowds: dict[tuple[str, str], list[int]] | 
         result = json.loads(path.read_text())
         warmup_s = float(result["config"]["warmup_s"])
         fleet_dir = path.with_name(path.stem + "-fleet")
-        for mode in result.get("modes", []):
-            runs = (result.get(mode.replace("-", "_"), result.get(mode)) or {}).get("runs", {})
-            for label, run in runs.items():
-                run_dir = fleet_dir / f"{mode}-{label.replace(' ', '-')}"
-                lines, engine = log_lines(run_dir), engine_lines(run_dir)
-                columns = pooled.setdefault((mode, label), {part: [] for part in PARTS})
-                records = run.get("records") or []
-                if crowds is not None and engine:
-                    counts = crowds.setdefault((mode, label), [0, 0])
-                    for i, count in enumerate(crowding(records, engine, warmup_s)):
-                        counts[i] += count
-                for record in records:
-                    if not is_counted(record, warmup_s) or not is_hit(record):
-                        continue
-                    parts = parts_of(record, lines.get(record["index"]),
-                                     engine.get(record["index"]))
-                    if parts is not None:
-                        for part, seconds in parts.items():
-                            columns[part].append(seconds)
+        for mode, label, run, run_dir in runs_of(result, fleet_dir):
+            lines, engine = log_lines(run_dir), engine_lines(run_dir)
+            columns = pooled.setdefault((mode, label), {part: [] for part in PARTS})
+            records = run.get("records") or []
+            if crowds is not None and engine:
+                counts = crowds.setdefault((mode, label), [0, 0])
+                for i, count in enumerate(crowding(records, engine, warmup_s)):
+                    counts[i] += count
+            for record in records:
+                if not is_counted(record, warmup_s) or not is_hit(record):
+                    continue
+                parts = parts_of(record, lines.get(record["index"]),
+                                 engine.get(record["index"]))
+                if parts is not None:
+                    for part, seconds in parts.items():
+                        columns[part].append(seconds)
     return pooled
 
 
