@@ -10,7 +10,8 @@ The model (one per backend, plus a fleet-wide one that seeds new backends)::
                    + num_ahead * per_ahead_s                         waiting for a batch slot
 
 ``queued_tokens`` follows ``routing.plugins.ttft``: the larger of the engine's
-``num_queued_prefill_tokens`` and the gateway's ``num_in_flight_prompt_tokens`` when the
+``num_queued_prefill_tokens`` (less what it prefilled since it reported it,
+``BackendState.queued_prefill_now``) and the gateway's ``num_in_flight_prompt_tokens`` when the
 backend's figures are fresh (the engine's count already includes what it has received of
 ours); when stale, the worst engine backlog among the candidates plus ours. Decode
 interference: each engine step that works on the prefill also decodes every running sequence.
@@ -48,6 +49,9 @@ from dataclasses import dataclass
 
 from admission.rls import Rls
 from routing.types import BackendState, FleetSnapshot
+
+# A backend's prefill speed where its profile gives none (routing.plugins.ttft's default too)
+DEFAULT_PREFILL_TOKENS_PER_S = 10_000.0
 
 _TOKEN_SCALE = 1000.0  # features near 1 keep the regression well conditioned
 _RUNNING_STEP_SCALE = 100.0
@@ -97,8 +101,8 @@ def _load(backend: BackendState, max_age_s: float, worst_queued_tokens: int
     if backend.age_s > max_age_s:
         return (worst_queued_tokens + in_flight, max(backend.num_running, backend.num_in_flight),
                 beyond_batch)
-    return (max(backend.num_queued_prefill_tokens, in_flight), backend.num_running,
-            max(backend.num_waiting, beyond_batch))
+    return (max(backend.queued_prefill_now(DEFAULT_PREFILL_TOKENS_PER_S), in_flight),
+            backend.num_running, max(backend.num_waiting, beyond_batch))
 
 
 def snapshot_features(snapshot: FleetSnapshot, backend_name: str,
@@ -116,7 +120,7 @@ def snapshot_features(snapshot: FleetSnapshot, backend_name: str,
 class PredictorConfig:
     """Priors and fitting knobs. ``step_tokens`` is the engine's prefill budget per step."""
 
-    default_prefill_tokens_per_s: float = 10_000.0
+    default_prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
     default_base_s: float = 0.02
     default_running_step_s: float = 2e-4
     default_per_ahead_s: float = 0.05  # each request ahead waiting for a batch slot

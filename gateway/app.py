@@ -152,7 +152,8 @@ def setup_gateway(app: web.Application, settings: Settings) -> None:
             auth=state.auth, upstream=upstream, router=router, quotas=quotas, slo=slo,
             request_log=RequestLog(log_settings.mode, log_settings.sample_rate,
                                    log_settings.path, include_prompt=log_settings.include_prompt,
-                                   prompt_max_chars=log_settings.prompt_max_chars),
+                                   prompt_max_chars=log_settings.prompt_max_chars,
+                                   route_detail=log_settings.route_detail),
             usage=(usage := UsageBook(redis, settings.usage)),
             aliases=ModelAliases([alias.to_alias() for alias in settings.aliases]),
         )

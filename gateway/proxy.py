@@ -220,7 +220,7 @@ async def _handle(request: web.Request, route: str) -> web.StreamResponse:
                 principal, plan.request.num_prompt_tokens if plan is not None else None,
                 ticket.num_output_tokens if ticket is not None else None)
             if plan is not None and trace.backend is not None:
-                add_routing(record, plan)
+                add_routing(record, plan, is_detailed=gw.request_log.route_detail)
             if gw.request_log.include_prompt:
                 record["prompt"] = gw.request_log.prompt_of(parsed_body)
             gw.request_log.write(record)

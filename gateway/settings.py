@@ -303,6 +303,10 @@ class RequestLogSettings(_Strict):
         False, description="also write the prompt's text (its first prompt_max_chars): off "
         "by default, since prompts may hold what tenants would not have logged")
     prompt_max_chars: int = Field(2000, ge=1, le=1_000_000)
+    route_detail: bool = Field(
+        False, description="routed lines also list every backend the decision saw "
+        "(route_candidates: its matched prefix tokens, load figures and their age), to tell "
+        "why a request went where it did")
 
 
 class PriceSettings(_Strict):

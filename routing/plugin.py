@@ -28,9 +28,10 @@ from routing.types import BackendState, FleetSnapshot, RouteRequest
 class Cycle:
     """One ``schedule()`` call's inputs, shared by every plugin of the call.
 
-    ``stale_after_s`` folds the snapshot's own age into the freshness bound: a backend whose
-    figures were ``age_s`` old when the snapshot was taken is ``age_s + (now_s - snapshot.now_s)``
-    old now, and is stale when that exceeds ``snapshot.max_age_s``.
+    ``stale_after_s`` folds the snapshot's own age (``snapshot_age_s``) into the freshness
+    bound: a backend whose figures were ``age_s`` old when the snapshot was taken is
+    ``age_s + (now_s - snapshot.now_s)`` old now, and is stale when that exceeds
+    ``snapshot.max_age_s``.
 
     Example::
 
@@ -38,13 +39,15 @@ class Cycle:
         fresh = [b for b in snapshot.backends if not cycle.is_stale(b)]
     """
 
-    __slots__ = ("_has_stale", "_stale_checked", "now_s", "request", "snapshot", "stale_after_s")
+    __slots__ = ("_has_stale", "_stale_checked", "now_s", "request", "snapshot", "snapshot_age_s",
+                 "stale_after_s")
 
     def __init__(self, request: RouteRequest, snapshot: FleetSnapshot, now_s: float) -> None:
         self.request = request
         self.snapshot = snapshot
         self.now_s = now_s
-        self.stale_after_s = snapshot.max_age_s - max(0.0, now_s - snapshot.now_s)
+        self.snapshot_age_s = max(0.0, now_s - snapshot.now_s)
+        self.stale_after_s = snapshot.max_age_s - self.snapshot_age_s
         self._stale_checked: Sequence[BackendState] | None = None
         self._has_stale = False
 

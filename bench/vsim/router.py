@@ -27,9 +27,11 @@ Two shortcuts keep a decision cheap for large fleets, neither changing a decisio
   ``len(text) // 4`` estimate.
 - **Cached states.** A backend's ``BackendState`` is rebuilt only when its figures change
   (``mark_changed``: a heartbeat, a dispatch, a first token, a finish, or its load turning
-  stale). Its ``age_s`` is then as of that rebuild, not of the decision; routing reads
-  ``age_s`` only to tell stale from fresh, and the simulation rebuilds a backend at the moment
-  its figures go stale, so every fresh/stale verdict is the one an exact age would give.
+  stale). Its ``age_s`` is then as of that rebuild, not of the decision. Routing reads
+  ``age_s`` to tell stale from fresh, and the simulation rebuilds a backend at the moment its
+  figures go stale, so every fresh/stale verdict is the one an exact age would give; and to
+  drain a reported prefill backlog (``BackendState.queued_prefill_now``), so a backend that
+  reported one is rebuilt at every decision until it reports none.
 
 Example::
 
@@ -87,6 +89,8 @@ class VirtualRouter:
         self._rng = random.Random(f"{seed}:vsim-router")
         self._states: list[BackendState] = [b.state(0.0) for b in self.backends]
         self._changed: set[int] = set()
+        # Backends whose state holds a reported prefill backlog: its drain depends on age_s.
+        self._draining: set[int] = set()
         self._by_name = {b.name: i for i, b in enumerate(self.backends)}
         self._prefix_hashes: dict[int, list[int]] = {}  # prefix group -> its full blocks' chain
         # The live gateway's router on this simulator's clock, for its books and learn(); an
@@ -151,10 +155,16 @@ class VirtualRouter:
         """The index of the backend to send ``plan`` to and the prompt tokens it is expected to
         hold cached, or None when no backend can take it."""
         states = self._states
+        if self._draining:
+            self._changed |= self._draining
         if self._changed:
-            backends = self.backends
+            backends, draining = self.backends, self._draining
             for i in self._changed:
-                states[i] = backends[i].state(now_s)
+                state = states[i] = backends[i].state(now_s)
+                if state.num_queued_prefill_tokens > 0:
+                    draining.add(i)
+                else:
+                    draining.discard(i)
             self._changed.clear()
         snapshot = FleetSnapshot(now_s=now_s, backends=tuple(states),
                                  prefix=self._match(plan.request, now_s), max_age_s=self.max_age_s)

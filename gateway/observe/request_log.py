@@ -10,7 +10,11 @@ TTFT, total time, each wait's seconds and the wait that took longest; the prompt
 ``best_cached_tokens``, the most that any backend held by the prefix index then. Against
 ``cached_tokens`` (what the engine reported) a cache miss tells its cause: a backend chosen for
 its load over a holder (expected below best), or a prefix the backend had evicted since the
-index last heard (cached well below expected). Example line::
+index last heard (cached well below expected). With ``route_detail`` a routed line also holds
+``route_candidates``: every backend of the snapshot the decision was made on, with what the
+index matched of the prompt there (``cached_tokens``), its load figures and their age, so a
+backend passed over can be told from one filtered out (stale, saturated) or outscored (a
+backlog worth more than its cache). Example line::
 
     {"ts":"2026-12-03T08:50:01.123Z","request_id":"req-…","tenant":"acme","key_id":"k-…",
      "model":"m","tier":"standard","route":"chat","stream":true,"backend":"sim-0",
@@ -66,10 +70,11 @@ def request_record(request_id: str, trace: RequestTrace, started_s: float, statu
     }
 
 
-def add_routing(record: dict[str, Any], plan: RoutePlan) -> None:
+def add_routing(record: dict[str, Any], plan: RoutePlan, *, is_detailed: bool = False) -> None:
     """What routing expected of a routed request's prompt cache (``expected_cached_tokens``
-    on the chosen backend, ``best_cached_tokens`` on the best holder); nothing for a request
-    that was never routed."""
+    on the chosen backend, ``best_cached_tokens`` on the best holder), and with
+    ``is_detailed`` every backend of its snapshot (``route_candidates``); nothing for a
+    request that was never routed."""
     snapshot = plan.snapshot
     if snapshot is None:
         return
@@ -78,13 +83,26 @@ def add_routing(record: dict[str, Any], plan: RoutePlan) -> None:
     deepest = max(prefix.num_blocks.values(), default=0)
     record["expected_cached_tokens"] = min(plan.expected_cached_tokens, num_prompt_tokens)
     record["best_cached_tokens"] = min(deepest * prefix.block_tokens, num_prompt_tokens)
+    if is_detailed:
+        get_num_blocks = prefix.num_blocks.get
+        record["route_candidates"] = [
+            {"backend": b.name,
+             "cached_tokens": min(get_num_blocks(b.name, 0) * prefix.block_tokens,
+                                  num_prompt_tokens),
+             "healthy": b.is_healthy, "age_s": round(b.age_s, 4), "running": b.num_running,
+             "waiting": b.num_waiting, "in_flight": b.num_in_flight,
+             "queued_prefill_tokens": b.num_queued_prefill_tokens,
+             "in_flight_prompt_tokens": b.num_in_flight_prompt_tokens,
+             "kv_usage": round(b.kv_usage, 4), "source": b.source}
+            for b in snapshot.backends]
 
 
 class RequestLog:
     def __init__(self, mode: Mode = "off", sample_rate: float = 0.01, path: str | None = None,
                  *, rng: random.Random | None = None, include_prompt: bool = False,
-                 prompt_max_chars: int = 2000) -> None:
+                 prompt_max_chars: int = 2000, route_detail: bool = False) -> None:
         self.mode = mode
+        self.route_detail = route_detail
         self.sample_rate = sample_rate
         self.include_prompt = include_prompt
         self.prompt_max_chars = prompt_max_chars

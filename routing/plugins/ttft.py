@@ -5,15 +5,20 @@ It weighs what prefix affinity saves against the wait it causes, in one unit (se
     rate        = profile.prefill_tokens_per_s  (default 10,000 tok/s times profile.relative_speed)
     cached      = min(prompt, matched_blocks * block_tokens)      from snapshot.prefix
     uncached    = prompt - cached                                 this request's own prefill
-    backlog     = max(num_queued_prefill_tokens, num_in_flight_prompt_tokens)      if fresh
+    drained     = max(0, num_queued_prefill_tokens - rate * age_s)   the engine's backlog now
+    backlog     = max(drained, num_in_flight_prompt_tokens)                        if fresh
                 = worst queued_prefill among candidates + num_in_flight_prompt_tokens if stale
     ttft_s      = (backlog + uncached) / rate
     score       = (min_ttft_s + floor_s) / (ttft_s + floor_s)      1 for the quickest
 
 The backlog is the prefill work queued ahead of the request. The engine reports it
-(``num_queued_prefill_tokens``, ``age_s`` old); the gateway knows what it sent that has no first
-token yet (``num_in_flight_prompt_tokens``, current). When fresh, the engine's figure already
-includes the gateway's requests it has seen, so the larger of the two is the better estimate;
+(``num_queued_prefill_tokens``, ``age_s`` old, plus the snapshot's own age), and has worked
+through ``rate * age_s`` of it since (``BackendState.queued_prefill_now``): a heartbeat up to
+a second old otherwise counts a backlog already gone, and sends a prompt away from the backend
+holding its prefix to recompute it elsewhere (``bench.replicas``' own-fleet misses,
+``docs/benchmarks/replicas.md``). The gateway knows what it sent that has no first token yet
+(``num_in_flight_prompt_tokens``, current). When fresh, the engine's figure already includes the
+gateway's requests it has seen, so the larger of the two is the better estimate;
 when stale, the engine figure is unknown and taken as the worst among the candidates, with the
 gateway's own requests on top, so a stale backend is never idle but the gateway's own counts
 still tell stale backends apart. ``floor_s`` (10 ms) keeps near-zero estimates from
@@ -60,7 +65,7 @@ class TtftScorer:
 
     def estimates_s(self, cycle: Cycle, candidates: Sequence[BackendState]) -> list[float]:
         """The estimated TTFT of the request on each candidate, in seconds."""
-        stale_after_s = cycle.stale_after_s
+        stale_after_s, snapshot_age_s = cycle.stale_after_s, cycle.snapshot_age_s
         worst_queued = 0
         if cycle.has_stale(candidates):
             worst_queued = max([b.num_queued_prefill_tokens for b in candidates])
@@ -71,12 +76,13 @@ class TtftScorer:
         default_rate = self.default_prefill_tokens_per_s
         estimates = []
         for b in candidates:
-            backlog = b.num_queued_prefill_tokens
             in_flight = b.num_in_flight_prompt_tokens
             if b.age_s > stale_after_s:
                 backlog = worst_queued + in_flight
-            elif in_flight > backlog:
-                backlog = in_flight
+            else:
+                backlog = b.queued_prefill_now(default_rate, snapshot_age_s)
+                if in_flight > backlog:
+                    backlog = in_flight
             uncached = num_prompt_tokens - get_num_blocks(b.name, 0) * block_tokens
             profile = b.profile
             rate = profile.prefill_tokens_per_s

@@ -78,6 +78,32 @@ def test_a_routed_line_says_what_routing_expected_cached(
     assert "expected_cached_tokens" not in by_id["unrouted"]
 
 
+def test_route_detail_lists_every_backend_the_decision_saw(
+        procs: ProcessGroup, workdir: Path, redis_url: str, engines: list[Engine],
+        tmp_path: Path) -> None:
+    path = tmp_path / "detailed.jsonl"
+    gateway = Gateway(procs, workdir, redis_url, [e.backend_config() for e in engines[:2]],
+                      request_log={"mode": "all", "path": str(path), "route_detail": True})
+    key = gateway.new_key()
+    system = " ".join(f"rule {i}: answer in the house style." for i in range(60))
+    for index in range(2):
+        assert post(gateway, key, request_id=f"turn-{index}", messages=[
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"question {index}"}]).status_code == 200
+    assert wait_until(lambda: len(lines(path)) == 2, timeout_s=5)
+    second = {line["request_id"]: line for line in lines(path)}["turn-1"]
+    candidates = {c["backend"]: c for c in second["route_candidates"]}
+    assert sorted(candidates) == sorted(e.name for e in engines[:2])
+    # The holder is listed with what the index matched there, the other with nothing.
+    held = candidates[second["backend"]]
+    assert held["cached_tokens"] == second["expected_cached_tokens"] > 0
+    other = next(c for name, c in candidates.items() if name != second["backend"])
+    assert other["cached_tokens"] == 0
+    for c in candidates.values():
+        assert c["healthy"] is True and c["age_s"] >= 0 and c["in_flight"] >= 0
+        assert 0 <= c["kv_usage"] <= 1 and c["source"] in ("heartbeat", "metrics", "config")
+
+
 def test_sampled_mode_keeps_every_failure(procs: ProcessGroup, workdir: Path, redis_url: str,
                                           engines: list[Engine], tmp_path: Path) -> None:
     path = tmp_path / "sampled.jsonl"

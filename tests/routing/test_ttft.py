@@ -6,7 +6,7 @@ import pytest
 
 from routing.plugins.ttft import TtftScorer
 from routing.types import BackendState
-from tests.routing.builders import backend, cycle, profile, request
+from tests.routing.builders import NOW_S, backend, cycle, profile, request
 
 STALE = 60.0
 
@@ -26,6 +26,16 @@ STALE = 60.0
                      id="fresh-takes-the-larger-backlog"),
         pytest.param(backend("x", profile=profile(prefill_tokens_per_s=20_000)), 0, 0.1,
                      id="advertised-speed"),
+        pytest.param(backend("x", age_s=0.2, num_queued_prefill_tokens=3000), 0, 0.3,
+                     id="engine-backlog-drained-since-reported"),
+        pytest.param(backend("x", age_s=0.5, num_queued_prefill_tokens=3000), 0, 0.2,
+                     id="engine-backlog-gone-by-now"),
+        pytest.param(backend("x", age_s=0.2, num_queued_prefill_tokens=3000,
+                             num_in_flight_prompt_tokens=1500), 0, 0.35,
+                     id="own-in-flight-over-the-drained-backlog"),
+        pytest.param(backend("x", age_s=0.1, num_queued_prefill_tokens=3000,
+                             profile=profile(prefill_tokens_per_s=20_000)), 0, 0.15,
+                     id="drained-at-the-advertised-speed"),
         pytest.param(backend("x", age_s=STALE, num_in_flight_prompt_tokens=1000), 0, 0.4,
                      id="stale-worst-backlog-plus-own"),
     ],
@@ -52,6 +62,21 @@ def test_overloaded_holder_is_slower_than_idle_recompute() -> None:
     assert holder_s > idle_s
 
 
+def test_a_holder_whose_reported_backlog_has_drained_keeps_its_prefix() -> None:
+    # A second-old heartbeat's 4,000 queued tokens are gone at 10k tokens/s: the holder of
+    # 2,720 of the prompt's 2,900 tokens starts it first, not a backend recomputing all of it.
+    holder = backend("holder", age_s=0.8, num_queued_prefill_tokens=4000)
+    idle = backend("idle", age_s=0.8)
+    c = cycle(holder, idle, req=request(2900), matched={"holder": 170})
+    holder_s, idle_s = TtftScorer().estimates_s(c, [holder, idle])
+    assert holder_s < idle_s
+    # The same figure just reported still outweighs the cache.
+    fresh = backend("holder", num_queued_prefill_tokens=4000)
+    c = cycle(fresh, idle, req=request(2900), matched={"holder": 170})
+    fresh_s, idle_s = TtftScorer().estimates_s(c, [fresh, idle])
+    assert fresh_s > idle_s
+
+
 @pytest.mark.parametrize(
     "settings",
     [
@@ -62,3 +87,10 @@ def test_overloaded_holder_is_slower_than_idle_recompute() -> None:
 def test_settings_are_checked(settings: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="must be > 0"):
         TtftScorer(**settings)
+
+
+def test_the_snapshots_own_age_drains_the_backlog_too() -> None:
+    # Figures 0.1 s old in a snapshot taken 0.1 s before the decision: 0.2 s of draining.
+    b = backend("x", age_s=0.1, num_queued_prefill_tokens=3000)
+    c = cycle(b, req=request(1000), now_s=NOW_S + 0.1)
+    assert TtftScorer().estimates_s(c, [b]) == pytest.approx([(1000 + 1000) / 10_000])
