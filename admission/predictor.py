@@ -101,7 +101,8 @@ def _load(backend: BackendState, max_age_s: float, worst_queued_tokens: int
     if backend.age_s > max_age_s:
         return (worst_queued_tokens + in_flight, max(backend.num_running, backend.num_in_flight),
                 beyond_batch)
-    return (max(backend.queued_prefill_now(DEFAULT_PREFILL_TOKENS_PER_S), in_flight),
+    rate = backend.profile.prefill_rate(DEFAULT_PREFILL_TOKENS_PER_S)
+    return (max(backend.queued_prefill_now(rate), in_flight),
             backend.num_running, max(backend.num_waiting, beyond_batch))
 
 

@@ -70,6 +70,14 @@ class BackendProfile:
             return None
         return self.num_kv_blocks * self.block_size
 
+    def prefill_rate(self, default_tokens_per_s: float) -> float:
+        """Its prefill speed in tokens/s: the measured or advertised one, else
+        ``default_tokens_per_s`` times ``relative_speed``."""
+        rate = self.prefill_tokens_per_s
+        if rate is None or rate <= 0:
+            return default_tokens_per_s * self.relative_speed
+        return rate
+
 
 _UNKNOWN_PROFILE = BackendProfile()
 
@@ -126,22 +134,17 @@ class BackendState:
         self.num_prefix_kv_blocks = num_prefix_kv_blocks
         self.source = source
 
-    def queued_prefill_now(self, default_tokens_per_s: float, snapshot_age_s: float = 0.0
-                           ) -> int:
+    def queued_prefill_now(self, tokens_per_s: float, snapshot_age_s: float = 0.0) -> int:
         """The engine's prefill backlog now, estimated: the ``num_queued_prefill_tokens`` it
         reported ``age_s`` (plus ``snapshot_age_s``, the snapshot's own age) ago less what it
-        prefilled since at its profile's speed (``default_tokens_per_s`` times
-        ``relative_speed`` where the profile has none). A heartbeat a second old still counts a
-        backlog the engine cleared in a fraction of it; taken at face value, it sends a prompt
-        away from the backend holding its prefix."""
+        prefilled since at ``tokens_per_s`` (its ``profile.prefill_rate``). A heartbeat a
+        second old still counts a backlog the engine cleared in a fraction of it; taken at face
+        value, it sends a prompt away from the backend holding its prefix."""
         queued = self.num_queued_prefill_tokens
         age_s = self.age_s + snapshot_age_s
         if queued <= 0 or age_s <= 0:
             return queued
-        rate = self.profile.prefill_tokens_per_s
-        if rate is None or rate <= 0:
-            rate = default_tokens_per_s * self.profile.relative_speed
-        left = queued - rate * age_s
+        left = queued - tokens_per_s * age_s
         return int(left) if left > 0 else 0
 
     @property

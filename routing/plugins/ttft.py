@@ -77,17 +77,14 @@ class TtftScorer:
         estimates = []
         for b in candidates:
             in_flight = b.num_in_flight_prompt_tokens
+            rate = b.profile.prefill_rate(default_rate)
             if b.age_s > stale_after_s:
                 backlog = worst_queued + in_flight
             else:
-                backlog = b.queued_prefill_now(default_rate, snapshot_age_s)
+                backlog = b.queued_prefill_now(rate, snapshot_age_s)
                 if in_flight > backlog:
                     backlog = in_flight
             uncached = num_prompt_tokens - get_num_blocks(b.name, 0) * block_tokens
-            profile = b.profile
-            rate = profile.prefill_tokens_per_s
-            if rate is None or rate <= 0:
-                rate = default_rate * profile.relative_speed
             estimates.append((backlog + (uncached if uncached > 0 else 0)) / rate)
         return estimates
 

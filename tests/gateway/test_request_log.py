@@ -55,6 +55,15 @@ def test_every_request_gets_a_line(procs: ProcessGroup, workdir: Path, redis_url
     assert path.stat().st_mode & 0o777 == 0o600
 
 
+def send_two_turns(gateway: Gateway, key: str) -> None:
+    """Two requests with one long system prompt (``turn-0``, ``turn-1``), both answered."""
+    system = " ".join(f"rule {i}: answer in the house style." for i in range(60))
+    for index in range(2):
+        assert post(gateway, key, request_id=f"turn-{index}", messages=[
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"question {index}"}]).status_code == 200
+
+
 def test_a_routed_line_says_what_routing_expected_cached(
         procs: ProcessGroup, workdir: Path, redis_url: str, engines: list[Engine],
         tmp_path: Path) -> None:
@@ -62,11 +71,7 @@ def test_a_routed_line_says_what_routing_expected_cached(
     gateway = Gateway(procs, workdir, redis_url, [e.backend_config() for e in engines[:2]],
                       request_log={"mode": "all", "path": str(path)})
     key = gateway.new_key()
-    system = " ".join(f"rule {i}: answer in the house style." for i in range(60))
-    for index in range(2):
-        assert post(gateway, key, request_id=f"turn-{index}", messages=[
-            {"role": "system", "content": system},
-            {"role": "user", "content": f"question {index}"}]).status_code == 200
+    send_two_turns(gateway, key)
     assert post(gateway, key, model="nope", request_id="unrouted").status_code == 404
     assert wait_until(lambda: len(lines(path)) == 3, timeout_s=5)
     by_id = {line["request_id"]: line for line in lines(path)}
@@ -85,11 +90,7 @@ def test_route_detail_lists_every_backend_the_decision_saw(
     gateway = Gateway(procs, workdir, redis_url, [e.backend_config() for e in engines[:2]],
                       request_log={"mode": "all", "path": str(path), "route_detail": True})
     key = gateway.new_key()
-    system = " ".join(f"rule {i}: answer in the house style." for i in range(60))
-    for index in range(2):
-        assert post(gateway, key, request_id=f"turn-{index}", messages=[
-            {"role": "system", "content": system},
-            {"role": "user", "content": f"question {index}"}]).status_code == 200
+    send_two_turns(gateway, key)
     assert wait_until(lambda: len(lines(path)) == 2, timeout_s=5)
     second = {line["request_id"]: line for line in lines(path)}["turn-1"]
     candidates = {c["backend"]: c for c in second["route_candidates"]}
