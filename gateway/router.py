@@ -67,6 +67,7 @@ class RoutePlan:
     # old its claim was then, to learn from what the backend reports (``Router.learn``).
     expected_cached_tokens: int
     claim_age_s: float | None
+    claim_ttl_s: float | None  # and how long that backend's claims counted then
     sent_s: float  # set by started: when it went upstream (monotonic)
     is_ending: bool  # set by nearly_done: its stream is on its last step
     # Set by ``Router.route`` (SLO admission decides on the same ranking): ``rank`` hands it
@@ -78,7 +79,7 @@ class RoutePlan:
                  snapshot: FleetSnapshot | None = None, snapshot_taken_s: float = 0.0,
                  pending_prefill_tokens: int = 0, needs_free_slot: bool = False,
                  expected_cached_tokens: int = 0, claim_age_s: float | None = None,
-                 sent_s: float = 0.0, is_ending: bool = False,
+                 claim_ttl_s: float | None = None, sent_s: float = 0.0, is_ending: bool = False,
                  ranked: list[tuple[Backend, Ranked]] | None = None,
                  ranked_on: FleetSnapshot | None = None) -> None:
         self.request = request
@@ -89,6 +90,7 @@ class RoutePlan:
         self.needs_free_slot = needs_free_slot
         self.expected_cached_tokens = expected_cached_tokens
         self.claim_age_s = claim_age_s
+        self.claim_ttl_s = claim_ttl_s
         self.sent_s = sent_s
         self.is_ending = is_ending
         self.ranked = ranked
@@ -399,7 +401,7 @@ class Router:
         if self.on_booked is not None:
             self.on_booked(True)
         plan.expected_cached_tokens = expected_cached_tokens
-        plan.claim_age_s = None
+        plan.claim_age_s = plan.claim_ttl_s = None
         if plan.request.char_hashes:
             now_s = self._wall_clock()
             record_claim(self.approx_index, plan, backend.name, now_s)
@@ -471,13 +473,16 @@ def record_claim(approx_index: ApproxPrefixIndex, plan: RoutePlan, backend: str,
     """Record that ``plan``'s prompt went to ``backend`` at ``now_s``, first keeping in
     ``plan.claim_age_s`` how old the approximate index's claim it was sent on was (``learn``
     judges the engine's reported cached tokens against it; None when the expectation was not
-    the approximate index's). ``plan.expected_cached_tokens`` must be set."""
+    the approximate index's) and in ``plan.claim_ttl_s`` how long that backend's claims
+    counted then. ``plan.expected_cached_tokens`` must be set."""
     char_hashes = plan.request.char_hashes
     snapshot = plan.snapshot
     if plan.expected_cached_tokens > 0 and snapshot is not None and not snapshot.prefix.is_exact:
         depth = snapshot.prefix.num_blocks.get(backend, 0)
         claim_s = approx_index.claim_s(char_hashes, depth, backend)
-        plan.claim_age_s = None if claim_s is None else now_s - claim_s
+        if claim_s is not None:
+            plan.claim_age_s = now_s - claim_s
+            plan.claim_ttl_s = approx_index.ttl_for(backend)
     approx_index.record(char_hashes, backend, now_s)
 
 

@@ -68,6 +68,13 @@ def classify(ideal: int, line: Mapping[str, Any] | None) -> str:
     return "evicted"
 
 
+def claim_of(line: Mapping[str, Any]) -> str:
+    """The approximate claim the request was sent on, as its line tells it (route_detail):
+    its age and the claim lifetime then; empty without one."""
+    age = line.get("claim_age_s")
+    return "" if age is None else f"  (claim {age:.1f} s old, lifetime {line['claim_ttl_s']:.1f} s)"
+
+
 def runs_of(result: Mapping[str, Any], fleet_dir: Path
             ) -> Iterator[tuple[str, str, Mapping[str, Any], Path]]:
     """Each run of a bench.replicas result: its mode, label, figures and fleet folder (where
@@ -100,7 +107,7 @@ def misses(result: Mapping[str, Any], fleet_dir: Path
                 f"{seen.get('gateway', '?')}  prompt {r['num_prompt_tokens']}  ideal {ideal}"
                 f"  best {seen.get('best_cached_tokens')}  expected "
                 f"{seen.get('expected_cached_tokens')}  cached {r['num_cached_tokens']}  "
-                f"TTFT {r['ttft_s'] * 1000:.0f} ms  {kind}")
+                f"TTFT {r['ttft_s'] * 1000:.0f} ms  {kind}{claim_of(seen)}")
         yield mode, label, kinds, rows
 
 

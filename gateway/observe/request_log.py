@@ -73,8 +73,9 @@ def request_record(request_id: str, trace: RequestTrace, started_s: float, statu
 def add_routing(record: dict[str, Any], plan: RoutePlan, *, is_detailed: bool = False) -> None:
     """What routing expected of a routed request's prompt cache (``expected_cached_tokens``
     on the chosen backend, ``best_cached_tokens`` on the best holder), and with
-    ``is_detailed`` every backend of its snapshot (``route_candidates``); nothing for a
-    request that was never routed."""
+    ``is_detailed`` every backend of its snapshot (``route_candidates``) and, when it was sent
+    on an approximate-index claim, the claim's age and that backend's claim lifetime then
+    (``claim_age_s``, ``claim_ttl_s``); nothing for a request that was never routed."""
     snapshot = plan.snapshot
     if snapshot is None:
         return
@@ -95,6 +96,9 @@ def add_routing(record: dict[str, Any], plan: RoutePlan, *, is_detailed: bool = 
              "in_flight_prompt_tokens": b.num_in_flight_prompt_tokens,
              "kv_usage": round(b.kv_usage, 4), "source": b.source}
             for b in snapshot.backends]
+        if plan.claim_age_s is not None:  # sent on an approximate claim: its age, its lifetime
+            record["claim_age_s"] = round(plan.claim_age_s, 3)
+            record["claim_ttl_s"] = round(plan.claim_ttl_s or 0.0, 3)
 
 
 class RequestLog:

@@ -20,9 +20,11 @@ def test_each_miss_is_told_by_what_routing_knew(tmp_path: Path) -> None:
     run_dir = tmp_path / "own-2"
     run_dir.mkdir()
     logged = {1: (0, 0), 2: (0, 1800), 3: (1800, 1800)}  # index: (expected, best)
+    claims = {3: {"claim_age_s": 12.5, "claim_ttl_s": 600.0}}  # sent on an approximate claim
     (run_dir / "gateway-0.log").write_text("switchyard gateway listening\n" + "".join(
         json.dumps({"request_id": f"bench-{i}", "expected_cached_tokens": e,
-                    "best_cached_tokens": b}) + "\n" for i, (e, b) in logged.items()))
+                    "best_cached_tokens": b} | claims.get(i, {})) + "\n"
+        for i, (e, b) in logged.items()))
     result = {"config": {"warmup_s": 10}, "modes": ["own"], "own": {"runs": {"2": {"records": [
         record(1, 0, 1800), record(2, 0, 1800), record(3, 0, 1800), record(4, 0, 1800),
         record(5, 1800, 1800), record(6, 0, 1800, sent_at_s=5.0)]}}}}
@@ -30,6 +32,9 @@ def test_each_miss_is_told_by_what_routing_knew(tmp_path: Path) -> None:
     assert (mode, label) == ("own", "2")
     assert kinds == {"nowhere": 1, "sent away": 1, "evicted": 1, "unlogged": 1}
     assert len(rows) == 4 and "gateway-0" in rows[0]
+    evicted = next(row for row in rows if row.endswith(")"))
+    assert "evicted  (claim 12.5 s old, lifetime 600.0 s)" in evicted
+    assert sum("claim" in row for row in rows) == 1
 
 
 def test_a_line_without_routing_fields_is_unlogged() -> None:

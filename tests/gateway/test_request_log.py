@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from gateway.cli.localproc import ProcessGroup
+from routing.index_approx import MIN_TTL_S
 from tests.fleet import MODEL, Engine, Gateway, wait_until
 
 
@@ -98,6 +99,10 @@ def test_route_detail_lists_every_backend_the_decision_saw(
     # The holder is listed with what the index matched there, the other with nothing.
     held = candidates[second["backend"]]
     assert held["cached_tokens"] == second["expected_cached_tokens"] > 0
+    # Listed engines without a tokenizer: it was sent on the first turn's approximate claim
+    # (these engines cache nothing, so a claim's lifetime may already be cut to the floor).
+    assert 0 <= second["claim_age_s"] < 5
+    assert second["claim_ttl_s"] >= MIN_TTL_S
     other = next(c for name, c in candidates.items() if name != second["backend"])
     assert other["cached_tokens"] == 0
     for c in candidates.values():
