@@ -23,7 +23,14 @@ is itself some 5-14 % off the pair at p99 over eight runs (``docs/benchmarks/rep
 more than the 5 % the verdict judges. ``1`` and ``1 again`` then get ratios too, which show how
 far one run of the reference is from the pair.
 
+With ``--max-others-cores C`` an invocation's mode is left out whole when any of its runs
+had other processes on the machine (not the bench's) using more than ``C`` cores over its
+window (``others_cores``): the shared machine's other work slows every process of that run,
+and one such run moves its pool by more than the 5 % judged. Left out whole, so what is
+pooled stays each invocation's runs side by side; the left-out ones are named.
+
     .venv/bin/python -m bench.replicas.pool bench/results/replicas-final-{1,2,3}.json
+    .venv/bin/python -m bench.replicas.pool --reference both --max-others-cores 0.05 F...
 """
 
 from __future__ import annotations
@@ -66,6 +73,32 @@ def pool_figures(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "num_missed": sum(is_miss(r["num_cached_tokens"] or 0, r["ideal_cached_tokens"])
                           for r in judged),
     }
+
+
+def undisturbed(documents: Sequence[Mapping[str, Any]], max_others_cores: float,
+                names: Sequence[str] | None = None
+                ) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """``documents`` without the modes where a run's ``others_cores`` exceeded
+    ``max_others_cores``, and a line naming each mode left out (by ``names``, else by the
+    document's position)."""
+    kept: list[Mapping[str, Any]] = []
+    left_out: list[str] = []
+    for index, document in enumerate(documents):
+        modes = []
+        for mode in document.get("modes", []):
+            runs = (document.get(mode.replace("-", "_"), document.get(mode)) or {}).get(
+                "runs", {})
+            busiest = max(((float(run.get("others_cores") or 0.0), label)
+                           for label, run in runs.items()), default=(0.0, ""))
+            if busiest[0] > max_others_cores:
+                name = names[index] if names is not None else f"#{index + 1}"
+                left_out.append(f"{name} {mode}: left out, other work took "
+                                f"{busiest[0]:.2f} cores during its N={busiest[1]} run")
+            else:
+                modes.append(mode)
+        if modes:
+            kept.append({**document, "modes": modes})
+    return kept, left_out
 
 
 def pool(documents: Iterable[Mapping[str, Any]], reference: str = "first"
@@ -143,9 +176,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", choices=("first", "both"), default="first",
                         help="set the figures over the first one-replica runs (1), or over "
                              "those and the runs of one replica again together (1 + 1 again)")
+    parser.add_argument("--max-others-cores", type=float, default=None, metavar="C",
+                        help="leave out an invocation's mode whose runs had other processes "
+                             "on the machine using more than C cores (e.g. 0.05)")
     args = parser.parse_args(argv)
     try:
         documents = [json.loads(path.read_text()) for path in args.results]
+        if args.max_others_cores is not None:
+            documents, left_out = undisturbed(documents, args.max_others_cores,
+                                              [str(path) for path in args.results])
+            for line in left_out:
+                print(line)
         pooled = pool(documents, args.reference)
     except (OSError, ValueError, KeyError) as exc:
         print(f"cannot pool {', '.join(map(str, args.results))}: {exc!r}", file=sys.stderr)

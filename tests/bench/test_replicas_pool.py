@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench.replicas.pool import is_counted, main, pool, pool_figures
+from bench.replicas.pool import is_counted, main, pool, pool_figures, undisturbed
 
 
 def _record(index: int, ttft_s: float, *, sent_at_s: float = 20.0, cached: int = 900,
@@ -91,3 +91,26 @@ def test_both_one_replica_runs_can_be_the_reference(capsys: pytest.CaptureFixtur
     assert main([str(path)]) == 0
     assert next(line for line in capsys.readouterr().out.splitlines()
                 if "| own | 2 |" in line).endswith("FAIL |")
+
+
+def test_an_invocation_slowed_by_other_work_is_left_out_whole(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    quiet = _document({"1": [_record(0, 0.010)], "4": [_record(0, 0.010)]}, mode="third-party")
+    busy = _document({"1": [_record(0, 0.010)], "4": [_record(0, 0.090)]}, mode="third-party")
+    for document, others in ((quiet, (0.01, 0.02)), (busy, (0.0, 0.18))):
+        for run, cores in zip(document["third_party"]["runs"].values(), others, strict=True):
+            run["others_cores"] = cores
+    kept, left_out = undisturbed([quiet, busy], 0.05, ["quiet.json", "busy.json"])
+    assert kept == [quiet]
+    assert left_out == ["busy.json third-party: left out, other work took 0.18 cores during "
+                        "its N=4 run"]
+    paths = []
+    for name, document in (("quiet.json", quiet), ("busy.json", busy)):
+        paths.append(tmp_path / name)
+        paths[-1].write_text(json.dumps(document))
+    assert main(["--max-others-cores", "0.05", *map(str, paths)]) == 0
+    printed = capsys.readouterr().out
+    assert "busy.json third-party: left out" in printed
+    assert "| third-party | 4 | 1 | 1 |" in printed  # one run pooled: the quiet one's
+    assert main([*map(str, paths)]) == 0
+    assert "| third-party | 4 | 2 | 2 |" in capsys.readouterr().out
