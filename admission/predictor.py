@@ -48,10 +48,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from admission.rls import Rls
-from routing.types import BackendState, FleetSnapshot
-
-# A backend's prefill speed where its profile gives none (routing.plugins.ttft's default too)
-DEFAULT_PREFILL_TOKENS_PER_S = 10_000.0
+from routing.types import DEFAULT_PREFILL_TOKENS_PER_S, BackendState, FleetSnapshot
 
 _TOKEN_SCALE = 1000.0  # features near 1 keep the regression well conditioned
 _RUNNING_STEP_SCALE = 100.0

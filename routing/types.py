@@ -22,6 +22,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+# A backend's prefill speed where its profile states none (BackendProfile.prefill_rate's usual
+# default: the ttft scorer's and the SLO predictor's)
+DEFAULT_PREFILL_TOKENS_PER_S = 10_000.0
+
 
 @dataclass(slots=True, init=False)
 class RouteRequest:

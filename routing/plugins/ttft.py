@@ -47,9 +47,8 @@ from collections.abc import Sequence
 
 from routing.plugin import Cycle, check_number
 from routing.registry import register_scorer
-from routing.types import BackendState
+from routing.types import DEFAULT_PREFILL_TOKENS_PER_S, BackendState
 
-DEFAULT_PREFILL_TOKENS_PER_S = 10_000.0
 DEFAULT_FLOOR_S = 0.01
 
 
